@@ -1,0 +1,32 @@
+# Quickstart: `make demo` trains the demo job, `make test` runs the CPU suite.
+# Each target builds .venv first (torch pinned to 2.13.0: see constraints.txt).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?= -n 2
+
+.PHONY: demo test multiproc gpu lint bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m refddp.train --nproc 2 --out runs/demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+multiproc: $(VENV)/.installed
+	$(PY) -m pytest -m multiproc
+
+gpu: $(VENV)/.installed
+	$(PY) -m pytest -m gpu tests/gpu
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check refddp tests benchmarks conftest.py
+
+clean:
+	rm -rf $(VENV) runs

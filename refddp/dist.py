@@ -1,0 +1,207 @@
+"""Process-group set-up and the few distributed idioms every other module uses.
+
+One place for: where this rank runs (``DistContext``), the loopback-only store, "rank 0 does the
+work, then every rank meets" (``rank0_then_meet``), rank-aware logging and the hang watchdog.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+log = logging.getLogger("refddp")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where a rank runs. Also the ``dist_ctx`` fixture's value inside a rank-side test."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_placeholder(self) -> bool:
+        """True for the harness's driver-side stand-in, which each rank replaces with its own."""
+        return self.rank < 0
+
+
+class RankZeroError(RuntimeError):
+    """Raised on ranks other than 0 when work that only rank 0 ran failed."""
+
+
+def loopback_store(timeout_s: float = 300.0) -> dist.TCPStore:
+    """A TCPStore server that listens on 127.0.0.1 only, on a port the OS picks.
+
+    ``TCPStore`` binds every interface when given a host name; handing it a socket we bound to
+    loopback keeps a single-machine job unreachable from the network, with no free-port probing.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=True,
+        master_listen_fd=sock.detach(),
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        use_libuv=True,
+    )
+
+
+def under_torchrun() -> bool:
+    """True inside a rank started by torchrun / torch.distributed.run."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def choose_device(requested: str, local_rank: int) -> torch.device:
+    """``auto`` means this rank's GPU when CUDA is available, else the CPU."""
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistContext:
+    """Join the job's process group: env:// under torchrun, else a one-rank group in-process."""
+    if under_torchrun():
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        store = None
+    else:
+        rank, world_size, local_rank = 0, 1, 0
+        store = dist.HashStore()
+    dev = choose_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank if store is not None else -1,
+            world_size=world_size if store is not None else -1,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return DistContext(rank, world_size, local_rank, str(dev), backend)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank0_then_meet(work: Callable[[], T]) -> T | None:
+    """Run ``work`` on rank 0 only; then every rank meets at one broadcast.
+
+    The broadcast carries rank 0's error, if any, so a failure there (a full disk, say) fails
+    every rank at once instead of leaving them blocked in the next collective. ``work`` must not
+    itself issue collectives: only rank 0 runs it.
+    """
+    status: list[str | None] = [None]
+    result: T | None = None
+    error: BaseException | None = None
+    if rank() == 0:
+        try:
+            result = work()
+        except Exception as exc:  # re-raised below, after the other ranks are told
+            error = exc
+            status[0] = f"{type(exc).__name__}: {exc}"
+    if world_size() > 1:
+        dist.broadcast_object_list(status, src=0)
+    if error is not None:
+        raise error
+    if status[0] is not None:
+        raise RankZeroError(f"rank 0 failed: {status[0]}")
+    return result
+
+
+def agree_any(*flags: bool, device: torch.device | str = "cpu") -> list[bool]:
+    """Every rank learns, for each flag, whether any rank raised it (one small all-reduce)."""
+    values = torch.tensor([float(f) for f in flags], device=device)
+    if world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in values.tolist()]
+
+
+class RankPrefixFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.prefix = f"[rank {rank}] "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rankprefix = self.prefix
+        return True
+
+
+def setup_logging(rank: int, log_all_ranks: bool) -> None:
+    """Rank 0 logs at INFO; other ranks only warnings, unless every rank should log."""
+    handler = logging.StreamHandler(sys.stderr)
+    prefix = "%(rankprefix)s" if log_all_ranks else ""
+    handler.setFormatter(logging.Formatter(f"{prefix}%(asctime)s %(message)s", "%H:%M:%S"))
+    handler.addFilter(RankPrefixFilter(rank))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.INFO if (rank == 0 or log_all_ranks) else logging.WARNING)
+
+
+class HangWatchdog:
+    """Dump every thread's stack to ``path`` and exit if no progress is made for ``timeout_s``.
+
+    ``progress()`` re-arms it; the trainer calls it each step, eval batch and checkpoint. A
+    rank stuck in a data loader or in a collective its peers never reach thus leaves its stack
+    behind and fails the job instead of blocking it forever.
+    """
+
+    EXIT_CODE = 1  # faulthandler's exit=True exits with status 1
+
+    def __init__(self, path: str, timeout_s: float):
+        self.path = path
+        self.timeout_s = timeout_s
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> HangWatchdog:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._file = open(self.path, "w")  # noqa: SIM115 - faulthandler needs it open
+        self.progress()
+        return self
+
+    def progress(self) -> None:
+        if self._file is not None:
+            faulthandler.dump_traceback_later(self.timeout_s, file=self._file, exit=True)
+
+    def __exit__(self, *exc: object) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        if self._file is not None:
+            empty = self._file.tell() == 0
+            self._file.close()
+            self._file = None
+            if empty:
+                os.remove(self.path)

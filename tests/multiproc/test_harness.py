@@ -1,0 +1,195 @@
+"""The harness catches every classic distributed failure, by rank, fast, and then recovers."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from refddp.testing import RankFailure, RankTimeout, record_collectives
+from refddp.testing.pool import _pools
+
+GENEROUS_DEADLINE = 120.0  # the failure tests must finish far sooner than this
+
+
+def rank_sum(offset):
+    t = torch.tensor([float(dist.get_rank() + offset)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def whoami():
+    return dist.get_rank(), dist.get_world_size(), os.getpid()
+
+
+def raise_on_rank_1():
+    print(f"rank {dist.get_rank()} about to meet")
+    if dist.get_rank() == 1:
+        raise ValueError("planted failure on rank 1")
+    dist.barrier()
+
+
+def exit_on_rank_1():
+    if dist.get_rank() == 1:
+        os._exit(7)
+    dist.barrier()
+
+
+def sigkill_rank_1():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def progress_bar_barrier():
+    # The classic: rank-0-only work that contains a collective.
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return "done"
+
+
+def mismatched_order():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def mismatched_shapes():
+    dist.all_reduce(torch.ones(3 + dist.get_rank()))
+
+
+def destroy_group():
+    dist.destroy_process_group()
+
+
+def env_var(name):
+    return os.environ.get(name)
+
+
+def traced_step():
+    with record_collectives() as log:
+        dist.all_reduce(torch.ones(2, 3), op=dist.ReduceOp.MAX)
+        dist.broadcast(torch.zeros(5, dtype=torch.int64), src=0)
+        dist.barrier()
+    return log
+
+
+def assert_pool_healthy(spawn, world_size=2):
+    expected = sum(range(world_size)) + world_size
+    assert spawn(rank_sum, 1, world_size=world_size) == [float(expected)] * world_size
+
+
+def test_results_come_back_ordered_by_rank(spawn):
+    results = spawn(whoami, world_size=3)
+    assert [r[:2] for r in results] == [(0, 3), (1, 3), (2, 3)]
+    assert len({r[2] for r in results}) == 3
+
+
+def test_warm_pool_is_reused_between_calls(spawn):
+    first = {pid for _, _, pid in spawn(whoami)}
+    second = {pid for _, _, pid in spawn(whoami)}
+    assert first == second
+
+
+def test_raising_rank_is_reported_with_its_traceback_and_output_fast(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(raise_on_rank_1, timeout=GENEROUS_DEADLINE)
+    elapsed = time.monotonic() - start
+    assert set(info.value.failures) == {1}
+    assert "ValueError: planted failure on rank 1" in info.value.failures[1]
+    report = str(info.value)
+    assert "[rank 1] rank 1 about to meet" in report
+    assert "rank 0 was still running" in report and "barrier" in report
+    assert not isinstance(info.value, RankTimeout)
+    assert elapsed < GENEROUS_DEADLINE / 4, "rank 0 blocked in barrier must not be waited for"
+    assert_pool_healthy(spawn)
+
+
+def test_rank_calling_os_exit_is_reported_with_its_exit_code(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(exit_on_rank_1, timeout=GENEROUS_DEADLINE)
+    assert "exited with code 7" in info.value.failures[1]
+    assert_pool_healthy(spawn)
+
+
+def test_sigkilled_rank_is_reported_with_its_signal(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(sigkill_rank_1, timeout=GENEROUS_DEADLINE)
+    assert "killed by signal SIGKILL" in info.value.failures[1]
+    assert time.monotonic() - start < GENEROUS_DEADLINE / 4
+    assert_pool_healthy(spawn)
+
+
+def test_rank0_only_barrier_is_a_timeout_with_stack_and_last_collective(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankTimeout) as info:
+        spawn(progress_bar_barrier, timeout=3)
+    assert time.monotonic() - start >= 3
+    assert set(info.value.failures) == {0}, "only rank 0 is stuck"
+    stuck = info.value.failures[0]
+    assert "last collective entered: #" in stuck and "barrier()" in stuck
+    assert "in progress_bar_barrier" in stuck, "the stack must show the test's frame"
+    assert "Current thread" in stuck, "all threads are dumped"
+    assert "rank(s) [0] did not finish within 3 s" in str(info.value)
+    assert_pool_healthy(spawn)
+
+
+def test_mismatched_collective_order_fails_naming_both_collectives(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(mismatched_order, timeout=GENEROUS_DEADLINE)
+    report = str(info.value)
+    assert "Detected mismatch between collectives" in report
+    assert "ALLREDUCE" in report and "BROADCAST" in report
+    assert_pool_healthy(spawn)
+
+
+def test_mismatched_shapes_fail_naming_the_shapes(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(mismatched_shapes, timeout=GENEROUS_DEADLINE)
+    report = str(info.value)
+    assert "Detected mismatch between collectives" in report
+    assert "TensorShape=[3]" in report and "TensorShape=[4]" in report
+    assert_pool_healthy(spawn)
+
+
+def test_unsound_pool_is_recycled_after_a_task(spawn):
+    before = {pid for _, _, pid in spawn(whoami)}
+    spawn(destroy_group)
+    after = {pid for _, _, pid in spawn(whoami)}
+    assert before.isdisjoint(after), "a pool whose group was destroyed must be replaced"
+
+
+def test_unpicklable_function_is_refused_with_a_clear_message(spawn):
+    with pytest.raises(TypeError, match="module-level function or any picklable callable"):
+        spawn(lambda: 1)
+
+
+def test_collectives_are_recorded_with_their_signature(spawn):
+    logs = spawn(traced_step)
+    assert (
+        logs[0]
+        == logs[1]
+        == ["all_reduce((2, 3):float32, MAX)", "broadcast((5,):int64)", "barrier()"]
+    )
+
+
+def test_ranks_run_with_fingerprint_checking_by_default(spawn):
+    assert spawn(env_var, "TORCH_DISTRIBUTED_DEBUG") == ["DETAIL", "DETAIL"]
+
+
+@pytest.mark.world_size(1, 3)
+def test_world_size_marker_sets_the_spawn_default(spawn, _refddp_world_size):
+    results = spawn(whoami)
+    assert [r[1] for r in results] == [_refddp_world_size] * _refddp_world_size
+
+
+def test_pools_are_keyed_by_world_size(spawn):
+    spawn(whoami, world_size=2)
+    spawn(whoami, world_size=3)
+    assert {(2, "gloo"), (3, "gloo")} <= {key[:2] for key in _pools}

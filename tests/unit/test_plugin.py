@@ -1,0 +1,151 @@
+"""The pytest plugin, driven through pytester in a subprocess, as a user's project would run it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+BEHAVIOUR = """
+import os
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.multiproc
+@pytest.mark.world_size(2, 3)
+def test_sizes(dist_ctx):
+    assert dist.get_world_size() == dist_ctx.world_size
+
+
+@pytest.mark.multiproc
+def test_fails_on_rank_1(dist_ctx):
+    print("hello from", dist_ctx.rank)
+    assert dist_ctx.rank == 0, "rank one disagrees"
+
+
+@pytest.mark.multiproc(timeout=2)
+def test_rank0_only_barrier(dist_ctx):
+    if dist_ctx.rank == 0:
+        dist.barrier()
+
+
+@pytest.mark.multiproc
+def test_skipped_on_ranks(dist_ctx):
+    pytest.skip("skipped inside the ranks")
+
+
+@pytest.mark.gpu
+@pytest.mark.multiproc
+def test_needs_two_gpus(dist_ctx):
+    pass
+
+
+def rank_of():
+    return dist.get_rank()
+
+
+def test_spawn_helper(spawn):
+    assert spawn(rank_of) == [0, 1]
+
+
+def test_plain():
+    assert True
+"""
+
+
+def run_inner(pytester, *args):
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=240)
+
+
+@pytest.mark.parametrize("import_mode", ["prepend", "importlib"])
+def test_outcomes_by_rank_under_each_import_mode(pytester, import_mode):
+    pytester.makepyfile(test_behaviour=BEHAVIOUR)
+    result = run_inner(pytester, f"--import-mode={import_mode}", "-rs", "-v")
+    result.assert_outcomes(passed=4, failed=2, skipped=2)
+    out = result.stdout.str()
+    assert "world_size=3" in out
+    assert "rank one disagrees" in out and "[rank 1] hello from 1" in out
+    assert "RankTimeout" in out and "did not finish within 2 s" in out
+    assert "needs 2 CUDA GPU(s) with NCCL, found 0" in out
+    assert "skipped inside the ranks" in out
+
+
+def test_marker_selection_picks_spawn_tests_and_strict_markers_pass(pytester):
+    pytester.makepyfile(test_behaviour=BEHAVIOUR)
+    result = run_inner(pytester, "-m", "multiproc", "--strict-markers", "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "test_spawn_helper" in out and "test_sizes[world_size=3]" in out
+    assert "test_plain" not in out
+
+
+def test_no_dist_debug_option_turns_fingerprinting_off(pytester):
+    pytester.makepyfile(
+        test_env="""
+import os
+import pytest
+
+@pytest.mark.multiproc
+def test_env(dist_ctx):
+    assert os.environ["TORCH_DISTRIBUTED_DEBUG"] == "OFF"
+"""
+    )
+    run_inner(pytester, "--no-dist-debug").assert_outcomes(passed=1)
+    run_inner(pytester).assert_outcomes(failed=1)
+
+
+HANGING = """
+import os
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.multiproc(timeout=600)
+def test_hang(dist_ctx, tmp_path):
+    with open(os.environ["PID_DIR"] + f"/rank{dist_ctx.rank}", "w") as f:
+        f.write(str(os.getpid()))
+    if dist_ctx.rank == 0:
+        dist.barrier()
+"""
+
+
+def _wait_for(predicate, deadline_s, what):
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_rank_outlives_the_session_after_interrupt_or_kill(pytester, tmp_path, sig):
+    pytester.makepyfile(test_hanging=HANGING)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_hanging.py"],
+        cwd=pytester.path, env={**os.environ, "PID_DIR": str(pid_dir)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: len(list(pid_dir.iterdir())) == 2, 120, "both ranks to start")
+        pids = [int(p.read_text()) for p in pid_dir.iterdir() if p.read_text()]
+        _wait_for(lambda: len(pids) == 2, 5, "pid files")
+        assert all(_alive(p) for p in pids)
+        inner.send_signal(sig)
+        inner.wait(timeout=60)
+        _wait_for(lambda: not any(_alive(p) for p in pids), 15, "ranks to exit")
+    finally:
+        if inner.poll() is None:
+            inner.kill()
