@@ -6,6 +6,7 @@ work, then every rank meets" (``rank0_then_meet``), rank-aware logging and the h
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import logging
@@ -81,33 +82,46 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+_owns_group = False
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistContext:
-    """Join the job's process group: env:// under torchrun, else a one-rank group in-process."""
-    if under_torchrun():
+    """Join the job's process group and say where this rank runs.
+
+    Under torchrun: env://. Already initialised (a test harness, a user's own set-up): use
+    that group. Otherwise: a one-rank group in this process.
+    """
+    global _owns_group
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    elif under_torchrun():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
-        store = None
     else:
         rank, world_size, local_rank = 0, 1, 0
-        store = dist.HashStore()
     dev = choose_device(device, local_rank)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank if store is not None else -1,
-            world_size=world_size if store is not None else -1,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if under_torchrun():
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
+        _owns_group = True
     return DistContext(rank, world_size, local_rank, str(dev), backend)
 
 
 def teardown() -> None:
-    if dist.is_initialized():
+    """Leave the process group, if ``init_distributed`` created it."""
+    global _owns_group
+    if _owns_group and dist.is_initialized():
         dist.destroy_process_group()
+    _owns_group = False
 
 
 def rank() -> int:
@@ -205,3 +219,5 @@ class HangWatchdog:
             self._file = None
             if empty:
                 os.remove(self.path)
+                with contextlib.suppress(OSError):  # another rank may still have its file
+                    os.rmdir(os.path.dirname(self.path))

@@ -19,12 +19,29 @@ from collections.abc import Iterator
 from typing import Any
 
 _COLLECTIVES = (
-    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-    "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-    "broadcast_object_list", "gather", "gather_object", "irecv", "isend",
-    "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-    "scatter", "scatter_object_list", "send",
-)  # fmt: skip
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+)
 _SLOT_BYTES = 1024
 
 _installed = False

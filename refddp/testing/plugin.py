@@ -18,19 +18,27 @@ DEFAULT_WORLD_SIZE = 2
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("refddp", "multi-process torch.distributed tests (refddp)")
     group.addoption(
-        "--dist-timeout", type=float, default=60.0, metavar="SECONDS",
+        "--dist-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="deadline for one distributed test's ranks (default 60); a hang past it fails "
         "with every rank's stack",
-    )  # fmt: skip
+    )
     group.addoption(
-        "--dist-debug", dest="dist_debug", action="store_true", default=True,
+        "--dist-debug",
+        dest="dist_debug",
+        action="store_true",
+        default=True,
         help="run ranks with TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives fail "
         "with a message naming them (default)",
-    )  # fmt: skip
+    )
     group.addoption(
-        "--no-dist-debug", dest="dist_debug", action="store_false",
+        "--no-dist-debug",
+        dest="dist_debug",
+        action="store_false",
         help="run ranks without collective fingerprint checking",
-    )  # fmt: skip
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

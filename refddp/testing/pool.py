@@ -67,16 +67,35 @@ class RankPool:
             ours, theirs = socket.socketpair()
             out = open(self._out_path(rank), "wb")  # noqa: SIM115 - the child owns it
             cmd = [
-                sys.executable, "-m", "refddp.testing.worker",
-                "--fd", str(theirs.fileno()), "--rank", str(rank),
-                "--world-size", str(world_size), "--backend", backend,
-                "--store-port", str(self._store.port), "--prefix", prefix,
-                "--workdir", self.workdir, "--parent-pid", str(os.getpid()),
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "refddp.testing.worker",
+                "--fd",
+                str(theirs.fileno()),
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(world_size),
+                "--backend",
+                backend,
+                "--store-port",
+                str(self._store.port),
+                "--prefix",
+                prefix,
+                "--workdir",
+                self.workdir,
+                "--parent-pid",
+                str(os.getpid()),
+            ]
             proc = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),), start_new_session=True,
-            )  # fmt: skip
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
             out.close()
             theirs.close()
             self.procs.append(proc)
@@ -107,8 +126,9 @@ class RankPool:
         try:
             payload = pickle.dumps((fn, args, kwargs or {}))
         except Exception as exc:
+            name = getattr(fn, "__qualname__", type(fn).__name__)
             raise TypeError(
-                f"cannot send {getattr(fn, '__qualname__', type(fn).__name__)} to the ranks: {exc}. Use a module-level function or any "
+                f"cannot send {name} to the ranks: {exc}. Use a module-level function or any "
                 "picklable callable, with picklable arguments."
             ) from exc
         module_names = {getattr(fn, "__module__", None), *extra_modules} - {None}

@@ -135,9 +135,11 @@ def test_no_rank_outlives_the_session_after_interrupt_or_kill(pytester, tmp_path
     pid_dir.mkdir()
     inner = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_hanging.py"],
-        cwd=pytester.path, env={**os.environ, "PID_DIR": str(pid_dir)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=pytester.path,
+        env={**os.environ, "PID_DIR": str(pid_dir)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_for(lambda: len(list(pid_dir.iterdir())) == 2, 120, "both ranks to start")
         pids = [int(p.read_text()) for p in pid_dir.iterdir() if p.read_text()]

@@ -1,0 +1,222 @@
+"""The checkpoint format, atomic writes, safe loads and finding what to resume from.
+
+A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` opens; model keys are
+clean (no ``module.`` / ``_orig_mod.``), so it loads into a bare model in any process. Writes
+go to a temporary file that is fsynced and renamed over the target: a crash leaves either the
+old file or the new one, never half of one, and the one before stays as ``checkpoint_previous``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from refddp.config import ConfigError, TrainConfig
+
+LATEST = "checkpoint_latest.pth"
+PREVIOUS = "checkpoint_previous.pth"
+BEST = "checkpoint_best.pth"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = (
+    "model_state_dict",
+    "optimizer_state_dict",
+    "scaler_state_dict",
+    "epoch",
+    "step",
+    "world_size",
+    "config",
+    "metrics",
+)
+_PREFIXES = ("module.", "_orig_mod.")
+
+log = logging.getLogger("refddp")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: printed as one line naming the file."""
+
+
+def checkpoint_dir(out: str) -> str:
+    return os.path.join(out, "checkpoints")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def clean_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """Strip ``module.`` and ``_orig_mod.`` from keys (for checkpoints saved by other tools)."""
+    cleaned = {}
+    for key, value in state.items():
+        while key.startswith(_PREFIXES):
+            key = key.split(".", 1)[1]
+        cleaned[key] = value
+    return cleaned
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states, in types weights_only loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(state: dict[str, Any], path: str) -> None:
+    """Write ``state`` to ``path`` so that a crash at any moment leaves the old file intact."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(directory)
+    except (OSError, RuntimeError) as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CheckpointError(f"cannot write checkpoint {path}: {reason.splitlines()[0]}") from None
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Point ``dst`` at ``src``'s bytes atomically (a hard link; a copy where links fail)."""
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(1 << 24):
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+    os.replace(tmp, dst)
+
+
+def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
+    """Save ``state`` as the latest checkpoint (keeping the one before), and as best if so."""
+    directory = checkpoint_dir(out)
+    os.makedirs(directory, exist_ok=True)
+    latest = os.path.join(directory, LATEST)
+    if os.path.exists(latest):
+        _link_or_copy(latest, os.path.join(directory, PREVIOUS))
+    save_atomic(state, latest)
+    if is_best:
+        _link_or_copy(latest, os.path.join(directory, BEST))
+    _fsync_dir(directory)
+    return latest
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Open a checkpoint with ``weights_only=True``; every failure is one line naming the file."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"resume: checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path}: refused: it needs pickled code to load, and refddp only loads "
+            "checkpoints with torch.load(weights_only=True)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - truncated zip, bad magic, ...: all "corrupt"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a refddp checkpoint (not a dict)")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a refddp checkpoint (missing {', '.join(missing)})")
+    return state
+
+
+def find_resume_checkpoint(c: TrainConfig) -> str | None:
+    """The checkpoint ``resume`` names: ``auto`` falls back to the previous one if latest is bad."""
+    if c.resume == "never":
+        return None
+    if c.resume != "auto":
+        if not os.path.isfile(c.resume):
+            raise CheckpointError(f"resume: checkpoint not found: {c.resume}")
+        return c.resume
+    directory = checkpoint_dir(c.out)
+    latest, previous = os.path.join(directory, LATEST), os.path.join(directory, PREVIOUS)
+    if not os.path.exists(latest):
+        return previous if os.path.exists(previous) else None
+    try:
+        load_checkpoint(latest)
+        return latest
+    except CheckpointError as exc:
+        if not os.path.exists(previous):
+            raise
+        load_checkpoint(previous)  # raises, naming it, if this one is bad too
+        log.warning("warning: %s; resuming from the older %s instead", exc, previous)
+        return previous
+
+
+def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -> None:
+    """Fail with one line naming missing, unexpected and mis-shaped keys."""
+    ours = unwrap(model).state_dict()
+    theirs = clean_state_dict(state)
+    missing = [k for k in ours if k not in theirs]
+    unexpected = [k for k in theirs if k not in ours]
+    shapes = [
+        f"{k} {tuple(theirs[k].shape)} vs {tuple(ours[k].shape)}"
+        for k in ours
+        if k in theirs and tuple(theirs[k].shape) != tuple(ours[k].shape)
+    ]
+
+    def few(keys: list[str]) -> str:
+        return ", ".join(keys[:4]) + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "")
+
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {few(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatch: {few(shapes)}")
+    if problems:
+        raise CheckpointError(f"{path}: does not fit this model; " + "; ".join(problems))
+
+
+def load_model_weights(model: nn.Module, state: dict[str, Any], path: str) -> None:
+    check_model_compatible(model, state["model_state_dict"], path)
+    unwrap(model).load_state_dict(clean_state_dict(state["model_state_dict"]))

@@ -1,0 +1,258 @@
+"""Every option of ``python -m refddp.train``: its default, help text and validation.
+
+``TrainConfig`` is the single source: each field is a YAML key (``batch_size``) and a CLI flag
+(``--batch-size``), and its ``help`` metadata is the flag's help. Precedence when resolving:
+CLI flag > ``--config FILE.yaml`` > the loaded checkpoint's config > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration: printed as one line, exit code 2."""
+
+
+def _opt(default: Any, help: str, choices: tuple = (), inherit: bool = True) -> Any:
+    # inherit=False: describes this invocation, not the run, so never taken from a checkpoint.
+    return field(default=default, metadata={"help": help, "choices": choices, "inherit": inherit})
+
+
+@dataclass
+class TrainConfig:
+    task: str = _opt("train", "what to do", ("train", "eval", "predict"), inherit=False)
+    nproc: int = _opt(
+        0,
+        "local ranks to start when not under torchrun (0: one per visible GPU, else 1)",
+        inherit=False,
+    )
+    max_restarts: int = _opt(
+        0, "elastic restarts of failed ranks (torch.distributed.run)", inherit=False
+    )
+    device: str = _opt("auto", "where ranks run", ("auto", "cpu", "cuda"))
+    model: str = _opt("mlp", "built-in model (mlp, cnn) or package.module:callable")
+    data: str = _opt(
+        "synthetic",
+        "'synthetic' (generated from the seed), a .pt file holding "
+        "x and y (or train_x, train_y, val_x, val_y), or package.module:callable",
+    )
+    train_size: int = _opt(16384, "samples in the synthetic training set")
+    val_size: int = _opt(2048, "samples in the synthetic validation set")
+    input_dim: int = _opt(32, "features per synthetic sample")
+    num_classes: int = _opt(4, "classes of the synthetic data")
+    hidden_size: int = _opt(128, "width of the built-in models")
+    depth: int = _opt(2, "hidden layers of the built-in models")
+    epochs: int = _opt(5, "passes over the training data")
+    max_steps: int = _opt(0, "stop after this many optimizer steps in total (0: no limit)")
+    batch_size: int = _opt(128, "per-rank micro-batch size")
+    global_batch_size: int = _opt(
+        0,
+        "samples per optimizer step over all ranks; sets "
+        "batch_size = global / (world size x grad_accum) (0: unused)",
+    )
+    grad_accum: int = _opt(1, "micro-batches per optimizer step (DDP no_sync on all but the last)")
+    lr: float = _opt(3e-3, "peak learning rate")
+    optimizer: str = _opt("adamw", "optimizer", ("adamw", "sgd"))
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(0.0, "decoupled (AdamW) or L2 (SGD) weight decay")
+    lr_schedule: str = _opt(
+        "cosine", "learning-rate schedule after warm-up", ("cosine", "constant")
+    )
+    warmup_steps: int = _opt(0, "linear warm-up steps")
+    grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
+    amp: str = _opt("off", "mixed precision", ("off", "fp16", "bf16"))
+    dtype: str = _opt(
+        "float32", "parameter and data dtype (float64 for exact tests)", ("float32", "float64")
+    )
+    num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    seed: int = _opt(0, "seed for data generation, initialisation, shuffling and dropout")
+    deterministic: bool = _opt(False, "use deterministic algorithms only")
+    find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters (costs a graph walk)")
+    compile: bool = _opt(False, "torch.compile the model")
+    out: str = _opt("runs/default", "run directory", inherit=False)
+    resume: str = _opt(
+        "auto", "'auto' (latest in out, if any), 'never', or a checkpoint path", inherit=False
+    )
+    ckpt_every: int = _opt(0, "optimizer steps between checkpoints (0: end of each epoch only)")
+    eval_every: int = _opt(0, "optimizer steps between evaluations (0: end of each epoch only)")
+    stop_after: int = _opt(
+        0,
+        "stop this invocation (checkpoint and exit) after this many "
+        "optimizer steps; the schedule is unaffected (0: off)",
+        inherit=False,
+    )
+    on_nonfinite: str = _opt(
+        "skip", "what every rank does when any rank's loss is inf/nan", ("skip", "stop")
+    )
+    progress: bool = _opt(True, "rank-0 progress bar", inherit=False)
+    log_all_ranks: bool = _opt(False, "every rank logs, prefixed with [rank N]", inherit=False)
+    timeout: float = _opt(
+        300.0,
+        "seconds without progress before a rank is declared hung "
+        "(stacks are written to out/stacks/)",
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_fields(self) -> dict[str, Any]:
+        """The fields that describe the run (what a checkpoint's config passes on)."""
+        return {f.name: getattr(self, f.name) for f in FIELDS.values() if f.metadata["inherit"]}
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check one raw value (from YAML or a checkpoint) against its field's type and choices."""
+    f = FIELDS[name]
+    kind = _field_type(f)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is bool and not isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
+    if kind is int and isinstance(value, bool):
+        raise ConfigError(f"{name}: expected int, got {value!r}")
+    choices = f.metadata["choices"]
+    if choices and value not in choices:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def check_keys(keys: Any, source: str) -> None:
+    for key in keys:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(key, FIELDS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config: file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of option: value")
+    check_keys(data, path)
+    return {k: _coerce(k, v) for k, v in data.items()}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other config error
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m refddp.train",
+        description="Reference DDP trainer. Every option is also a YAML key of --config.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="YAML file of options (CLI flags override it)")
+    for f in FIELDS.values():
+        flag = "--" + f.name.replace("_", "-")
+        kind = _field_type(f)
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            choices = f.metadata["choices"] or None
+            parser.add_argument(flag, type=kind, choices=choices, help=help_text, metavar=None)
+    return parser
+
+
+def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None]:
+    """The options given on the command line (only those), and the --config path if any."""
+    values = vars(build_parser().parse_args(argv))
+    return {k: v for k, v in values.items() if k != "config"}, values.get("config")
+
+
+def merge(
+    cli: dict[str, Any], from_yaml: dict[str, Any], from_checkpoint: dict[str, Any] | None = None
+) -> TrainConfig:
+    """CLI flag > YAML > checkpoint config (run fields only) > default; then validate."""
+    values: dict[str, Any] = {}
+    for key, value in (from_checkpoint or {}).items():
+        if key in FIELDS and FIELDS[key].metadata["inherit"]:
+            values[key] = _coerce(key, value)
+    values.update(from_yaml)
+    values.update(cli)
+    config = TrainConfig(**values)
+    validate(config)
+    return config
+
+
+def validate(c: TrainConfig) -> None:
+    """Checks that need no world size, file or device; each error names its field."""
+    for name in FIELDS:
+        _coerce(name, getattr(c, name))
+    positive = ("train_size", "val_size", "input_dim", "hidden_size", "batch_size", "grad_accum")
+    for name in positive:
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {getattr(c, name)}")
+    non_negative = (
+        "nproc",
+        "max_restarts",
+        "depth",
+        "epochs",
+        "max_steps",
+        "global_batch_size",
+        "warmup_steps",
+        "num_workers",
+        "ckpt_every",
+        "eval_every",
+        "stop_after",
+        "weight_decay",
+        "grad_clip",
+        "momentum",
+    )
+    for name in non_negative:
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
+    if c.num_classes < 2:
+        raise ConfigError(f"num_classes: must be >= 2, got {c.num_classes}")
+    if not c.lr > 0:
+        raise ConfigError(f"lr: must be > 0, got {c.lr}")
+    if not c.timeout > 0:
+        raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
+    if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
+        raise ConfigError("epochs: must be >= 1 unless max_steps is set")
+    if c.amp != "off" and c.dtype == "float64":
+        raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
+    if c.resume not in ("auto", "never") and not c.resume.endswith((".pt", ".pth")):
+        raise ConfigError(f"resume: expected auto, never or a .pt/.pth path, got {c.resume!r}")
+
+
+def per_rank_batch_size(c: TrainConfig, world_size: int) -> int:
+    """The micro-batch each rank loads, from batch_size or from global_batch_size."""
+    if not c.global_batch_size:
+        return c.batch_size
+    parts = world_size * c.grad_accum
+    if c.global_batch_size % parts:
+        raise ConfigError(
+            f"global_batch_size: {c.global_batch_size} does not divide by world size {world_size}"
+            f" x grad_accum {c.grad_accum} = {parts}"
+        )
+    return c.global_batch_size // parts
+
+
+def save_yaml(c: TrainConfig, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(c.to_dict(), f, sort_keys=False)

@@ -1,0 +1,199 @@
+"""Datasets (built-in synthetic, tensor file, user callable) and the samplers that shard them.
+
+Sharding contract: in epoch ``e`` the global order is one permutation of the training set
+(seeded by ``seed + e``, the same for every world size), cut into whole global batches; global
+step ``k`` trains on samples ``perm[k*G:(k+1)*G]`` however they are split over ranks and
+accumulation steps. That is what makes runs world-size invariant and mid-epoch resume exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from refddp.config import ConfigError, TrainConfig
+from refddp.imports import is_import_path, load_callable
+
+
+class _Batch(tuple):
+    """A batch a dataset built itself; collate_batch passes it through."""
+
+
+class TensorPairDataset(Dataset):
+    """``(x[i], y[i])`` pairs; fetches whole batches at once (``__getitems__``)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        assert len(x) == len(y)
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+    def __getitems__(self, indices: list[int]) -> list[_Batch]:
+        idx = torch.as_tensor(indices)
+        return [_Batch((self.x[idx], self.y[idx]))]
+
+
+def collate_batch(items: list) -> Any:
+    """Collate for TensorPairDataset's pre-built batch; default collation for anything else."""
+    if len(items) == 1 and isinstance(items[0], _Batch):
+        return tuple(items[0])
+    return torch.utils.data.default_collate(items)
+
+
+def synthetic(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDataset]:
+    """A learnable classification task generated from ``seed``: labels from a random teacher."""
+    g = torch.Generator().manual_seed(c.seed + 12345)
+    dtype = getattr(torch, c.dtype)
+    teacher = torch.randn(c.input_dim, c.num_classes, generator=g, dtype=torch.float64)
+    mix = torch.randn(c.input_dim, c.input_dim, generator=g, dtype=torch.float64)
+
+    def make(n: int) -> TensorPairDataset:
+        x = torch.randn(n, c.input_dim, generator=g, dtype=torch.float64)
+        y = (x @ teacher + 0.25 * torch.tanh(x @ mix) @ teacher).argmax(dim=1)
+        return TensorPairDataset(x.to(dtype), y)
+
+    return make(c.train_size), make(c.val_size)
+
+
+def from_tensor_file(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDataset]:
+    """A ``.pt`` dict with ``x`` and ``y`` (last 10% is validation) or train_/val_ pairs."""
+    path = c.data
+    if not os.path.isfile(path):
+        raise ConfigError(f"data: file not found: {path}")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ConfigError(f"data: cannot read {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(blob, dict):
+        raise ConfigError(f"data: {path} must hold a dict with x and y tensors")
+    if {"train_x", "train_y", "val_x", "val_y"} <= blob.keys():
+        pairs = [(blob["train_x"], blob["train_y"]), (blob["val_x"], blob["val_y"])]
+    elif {"x", "y"} <= blob.keys():
+        x, y = blob["x"], blob["y"]
+        n_val = max(1, len(x) // 10) if isinstance(x, torch.Tensor) else 0
+        pairs = [(x[:-n_val], y[:-n_val]), (x[-n_val:], y[-n_val:])]
+    else:
+        raise ConfigError(
+            f"data: {path} must hold keys x, y (or train_x, train_y, val_x, val_y); "
+            f"found {', '.join(sorted(map(str, blob))) or 'none'}"
+        )
+    out = []
+    for x, y in pairs:
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            raise ConfigError(f"data: x and y in {path} must be tensors")
+        if not x.is_floating_point() or x.dim() != 2 or x.shape[1] != c.input_dim:
+            raise ConfigError(
+                f"data: x in {path} must be a float tensor of shape (N, input_dim="
+                f"{c.input_dim}), got {str(x.dtype)[6:]} {tuple(x.shape)}"
+            )
+        if y.dtype != torch.int64 or y.dim() != 1 or len(y) != len(x):
+            raise ConfigError(
+                f"data: y in {path} must be an int64 tensor of shape ({len(x)},), "
+                f"got {str(y.dtype)[6:]} {tuple(y.shape)}"
+            )
+        if len(y) and (y.min() < 0 or y.max() >= c.num_classes):
+            raise ConfigError(
+                f"data: labels in {path} must lie in [0, num_classes={c.num_classes})"
+                f", found {int(y.min())}..{int(y.max())}"
+            )
+        out.append(TensorPairDataset(x.to(getattr(torch, c.dtype)), y))
+    return out[0], out[1]
+
+
+def build_datasets(config: TrainConfig | dict[str, Any]) -> tuple[Dataset, Dataset]:
+    """``(train, val)`` map-style datasets of ``(input, target)`` pairs for this config.
+
+    Takes a ``TrainConfig`` or the ``config`` dict stored in a checkpoint.
+    """
+    c = config if isinstance(config, TrainConfig) else TrainConfig(**config)
+    if c.data == "synthetic":
+        return synthetic(c)
+    if c.data.endswith((".pt", ".pth")):
+        return from_tensor_file(c)
+    if is_import_path(c.data):
+        result = load_callable(c.data, "data")(c)
+        if not (isinstance(result, tuple | list) and len(result) == 2):
+            raise ConfigError(f"data: {c.data!r} must return (train, val) datasets")
+        for ds in result:
+            if not hasattr(ds, "__len__") or not hasattr(ds, "__getitem__"):
+                raise ConfigError(
+                    f"data: {c.data!r} must return map-style datasets "
+                    "(with __len__ and __getitem__)"
+                )
+        return result[0], result[1]
+    raise ConfigError(f"data: {c.data!r} is not 'synthetic', a .pt file or package.module:callable")
+
+
+class GlobalBatchSampler(DistributedSampler):
+    """DistributedSampler over whole global batches that can start mid-epoch.
+
+    Keeps DistributedSampler's per-epoch permutation (``seed + epoch``) and interleaving
+    (rank r takes every world_size-th index), drops the tail that would not fill a global
+    batch (so every rank runs the same number of steps, with no duplicated samples) and skips
+    the first ``start`` samples of the global order when resuming.
+    """
+
+    def __init__(self, dataset: Dataset, world_size: int, rank: int, global_batch: int, seed: int):
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.global_batch = global_batch
+        self.steps_per_epoch = len(dataset) // global_batch  # type: ignore[arg-type]
+        self.start = 0
+
+    def set_start(self, consumed_samples: int) -> None:
+        """Skip the first ``consumed_samples`` of this epoch's global order (a resume)."""
+        assert consumed_samples % self.global_batch == 0
+        self.start = consumed_samples
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g)  # type: ignore[arg-type]
+        usable = order[self.start : self.steps_per_epoch * self.global_batch]
+        return iter(usable[self.rank :: self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch * self.global_batch - self.start) // self.num_replicas
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r gets indices r, r+W, r+2W...: every sample exactly once, no padding (for eval)."""
+
+    def __init__(self, length: int, world_size: int, rank: int):
+        self.indices = range(rank, length, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _quiet_worker(worker_id: int) -> None:
+    # Loader workers leave signals to their rank: it stops at a step boundary, then shuts them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def make_loader(
+    dataset: Dataset, sampler: Sampler, batch_size: int, c: TrainConfig, pin: bool, seed: int
+) -> DataLoader:
+    """A DataLoader whose worker seeds come from ``seed`` (so reruns and resumes match)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=c.num_workers,
+        pin_memory=pin,
+        collate_fn=collate_batch,
+        worker_init_fn=_quiet_worker if c.num_workers else None,
+        generator=torch.Generator().manual_seed(seed),
+        drop_last=False,
+    )

@@ -1,0 +1,181 @@
+"""``python -m refddp.train``: resolve the config, check it, then run (or launch) the ranks.
+
+User errors (a bad flag, a missing file, a checkpoint that does not fit) are caught here before
+any rank starts, printed as one line, and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from refddp import checkpoint as ckpt
+from refddp.config import (
+    ConfigError,
+    TrainConfig,
+    load_yaml,
+    merge,
+    parse_cli,
+    per_rank_batch_size,
+    save_yaml,
+)
+from refddp.data import build_datasets
+from refddp.dist import (
+    HangWatchdog,
+    RankZeroError,
+    init_distributed,
+    rank0_then_meet,
+    setup_logging,
+    teardown,
+    under_torchrun,
+)
+from refddp.launch import CONFIG_ENV, launch
+from refddp.models import build_model
+
+log = logging.getLogger("refddp")
+EXIT_USAGE = 2
+
+
+def resolve_config(argv: list[str]) -> TrainConfig:
+    """CLI flag > --config YAML > the checkpoint's config (eval, predict, resume) > default."""
+    if CONFIG_ENV in os.environ and under_torchrun():  # a rank that refddp's launcher started
+        return merge({}, json.loads(os.environ[CONFIG_ENV]))
+    cli, config_path = parse_cli(argv)
+    from_yaml = load_yaml(config_path) if config_path else {}
+    base = merge(cli, from_yaml)
+    path = ckpt.find_resume_checkpoint(base)
+    if path is None:
+        return base
+    return merge(cli, from_yaml, ckpt.load_checkpoint(path)["config"])
+
+
+def resolve_nproc(c: TrainConfig) -> int:
+    if c.nproc:
+        return c.nproc
+    return torch.cuda.device_count() if c.device != "cpu" and torch.cuda.is_available() else 1
+
+
+def preflight(c: TrainConfig, world_size: int) -> None:
+    """Every check that needs no rank: device, sizes, data, model, checkpoint, run directory."""
+    uses_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
+    if c.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but CUDA is not available here; use cpu or auto")
+    if uses_cuda and world_size > torch.cuda.device_count():
+        raise ConfigError(
+            f"nproc: {world_size} ranks need {world_size} GPUs with NCCL, "
+            f"found {torch.cuda.device_count()}"
+        )
+    batch = per_rank_batch_size(c, world_size)
+    train, val = build_datasets(c)
+    global_batch = batch * world_size * c.grad_accum
+    if c.task == "train" and len(train) < global_batch:  # type: ignore[arg-type]
+        raise ConfigError(
+            f"data: {len(train)} training samples for {world_size} rank(s) do not fill one global "  # type: ignore[arg-type]
+            f"batch of {global_batch}; lower batch_size or use more data"
+        )
+    if c.task != "train" and len(val) == 0:  # type: ignore[arg-type]
+        raise ConfigError("data: the validation set is empty")
+    with torch.device("meta"):
+        model = build_model(c)
+    path = ckpt.find_resume_checkpoint(c)
+    if path is not None:
+        ckpt.check_model_compatible(model, ckpt.load_checkpoint(path)["model_state_dict"], path)
+    elif c.task != "train":
+        raise ckpt.CheckpointError(
+            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
+            f"--task {c.task} needs --resume PATH or a trained --out"
+        )
+    try:
+        os.makedirs(c.out, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=c.out):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"out: cannot write to run directory {c.out}: {exc.strerror}") from None
+
+
+def run_rank(c: TrainConfig) -> int:
+    """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
+    from refddp.trainer import NonFiniteLoss, Trainer, run_eval, run_predict, truncate_history
+
+    ctx = init_distributed(c.device, c.timeout + 60)  # the watchdog (c.timeout) fires first
+    setup_logging(ctx.rank, c.log_all_ranks)
+    if c.deterministic:
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(c.seed + ctx.rank)
+    started = time.perf_counter()
+    stacks = os.path.join(c.out, "stacks", f"rank{ctx.rank}.txt")
+    try:
+        with HangWatchdog(stacks, c.timeout) as watchdog:
+            if c.task == "train":
+
+                def prepare_run_dir() -> None:
+                    os.makedirs(c.out, exist_ok=True)
+                    save_yaml(c, os.path.join(c.out, "config.yaml"))
+
+                rank0_then_meet(prepare_run_dir)
+                trainer = Trainer(c, ctx, watchdog)
+                if ctx.is_main:
+                    truncate_history(c.out, trainer.pos.step)
+                result = trainer.fit()
+                m = result["metrics"]
+                summary = (
+                    f"done: step {result['step']}, val_loss {m.get('val_loss', float('nan')):.4f}, "
+                    f"val_acc {m.get('val_acc', float('nan')):.4f}"
+                )
+            elif c.task == "eval":
+                r = run_eval(c, ctx)
+                summary = (
+                    f"eval: val_loss {r['val_loss']:.4f} val_acc {r['val_acc']:.4f} over "
+                    f"{r['num_samples']} samples -> {os.path.join(c.out, 'eval.json')}"
+                )
+            else:
+                r = run_predict(c, ctx)
+                summary = (
+                    f"predict: {r['num_samples']} predictions -> "
+                    f"{os.path.join(c.out, 'predictions.pt')}"
+                )
+    except ConfigError as exc:
+        if ctx.is_main or c.log_all_ranks:
+            print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (NonFiniteLoss, RankZeroError) as exc:
+        if ctx.is_main or c.log_all_ranks:
+            print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        teardown()
+    if ctx.is_main:
+        log.info(
+            "%s (%.1f s, %d rank(s), run directory %s)",
+            summary,
+            time.perf_counter() - started,
+            ctx.world_size,
+            c.out,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        c = resolve_config(argv)
+        if under_torchrun():
+            return run_rank(c)
+        world_size = resolve_nproc(c)
+        preflight(c, world_size)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if world_size == 1 and c.max_restarts == 0:
+        return run_rank(c)
+    return launch(json.dumps(c.to_dict()), world_size, c.max_restarts, c.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

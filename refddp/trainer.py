@@ -1,0 +1,521 @@
+"""The loop, one rank's view: train, evaluate, predict.
+
+Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
+contains a collective; anything every rank must agree on goes through one collective that
+every rank reaches (``agree_any``, ``rank0_then_meet``, the metric all-reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from refddp import checkpoint as ckpt
+from refddp.config import ConfigError, TrainConfig, per_rank_batch_size
+from refddp.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
+from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
+from refddp.models import build_model, count_parameters
+
+log = logging.getLogger("refddp")
+
+# bf16 dense peak FLOP/s by device name, for MFU (public spec-sheet numbers).
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "V100": 125e12,
+    "RTX 4090": 165e12,
+}
+
+
+class NonFiniteLoss(RuntimeError):
+    """A rank's loss was inf/nan and ``on_nonfinite`` is ``stop``."""
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; ranks agree on it at the next step and stop together."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signal = signum
+
+
+@dataclass
+class Position:
+    """Where training is; saved in every checkpoint so resume continues exactly here."""
+
+    epoch: int = 0
+    step: int = 0  # optimizer steps done (global batches consumed)
+    samples_in_epoch: int = 0  # of this epoch's global order
+    best_val_loss: float = math.inf
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def autocast(c: TrainConfig, device: torch.device) -> Any:
+    if c.amp == "off":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if c.amp == "fp16" else torch.bfloat16)
+
+
+def lr_factor(c: TrainConfig, total_steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < c.warmup_steps:
+            return (step + 1) / c.warmup_steps
+        if c.lr_schedule == "constant":
+            return 1.0
+        progress = (step - c.warmup_steps) / max(1, total_steps - c.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def build_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+    if c.optimizer == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay
+        )
+    return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Any, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None
+) -> dict[str, float]:
+    """Loss and accuracy over every validation sample exactly once, at any world size."""
+    device = torch.device(ctx.device)
+    model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    sampler = ShardSampler(len(dataset), ctx.world_size, ctx.rank)
+    loader = make_loader(dataset, sampler, c.batch_size, c, device.type == "cuda", c.seed)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(c, device):
+            logits = model(x)
+        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        sums[1] += (logits.argmax(dim=1) == y).sum()
+        sums[2] += len(y)
+        if watchdog:
+            watchdog.progress()
+    dist.all_reduce(sums)  # sums and counts, not means: exact with uneven shards
+    model.train(was_training)
+    loss, correct, count = sums.tolist()
+    return {"val_loss": loss / count, "val_acc": correct / count, "num_samples": int(count)}
+
+
+def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
+    with open(os.path.join(c.out, "history.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def truncate_history(out: str, step: int) -> None:
+    """Drop evaluations past ``step`` (a resume will redo them)."""
+    path = os.path.join(out, "history.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """One rank's training run; ``fit()`` is the loop."""
+
+    def __init__(self, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None = None):
+        self.c, self.ctx, self.watchdog = c, ctx, watchdog
+        self.device = torch.device(ctx.device)
+        self.model = build_model(c).to(self.device)
+        self.train_set, self.val_set = build_datasets(c)
+        self.batch_size = per_rank_batch_size(c, ctx.world_size)
+        self.global_batch = self.batch_size * ctx.world_size * c.grad_accum
+        self.sampler = GlobalBatchSampler(
+            self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
+        )
+        if self.sampler.steps_per_epoch == 0:
+            raise ConfigError(
+                f"data: {len(self.train_set)} training samples do not fill one global batch of "
+                f"{self.global_batch} (batch_size x world size x grad_accum)"
+            )
+        # A user dataset that differs between ranks would desynchronise the step count: refuse.
+        low, high = -self.sampler.steps_per_epoch, self.sampler.steps_per_epoch
+        extremes = torch.tensor([low, high], dtype=torch.float64, device=self.device)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        if -extremes[0].item() != extremes[1].item():
+            raise ConfigError(
+                f"data: ranks see different training set sizes ({int(-extremes[0])} to "
+                f"{int(extremes[1])} steps per epoch); every rank must load the same dataset"
+            )
+        epoch_steps = c.epochs * self.sampler.steps_per_epoch
+        self.total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
+        self.optimizer = build_optimizer(self.model, c)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(c, self.total_steps)
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
+        self.pos = Position()
+        self.stop = StopRequest()
+        self.skipped_steps = 0
+        self.resumed_from = self._resume()
+        # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
+        self.ddp = DDP(
+            self.model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=c.find_unused_parameters,
+        )
+        self.forward = torch.compile(self.ddp) if c.compile else self.ddp
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _resume(self) -> str | None:
+        path = ckpt.find_resume_checkpoint(self.c)
+        if path is None:
+            return None
+        state = ckpt.load_checkpoint(path)
+        ckpt.load_model_weights(self.model, state, path)
+        self.optimizer.load_state_dict(state["optimizer_state_dict"])
+        if state.get("scheduler_state_dict"):
+            self.scheduler.load_state_dict(state["scheduler_state_dict"])
+        self.scaler.load_state_dict(state["scaler_state_dict"])
+        self.pos = Position(
+            epoch=state["epoch"],
+            step=state["step"],
+            samples_in_epoch=state.get("samples_in_epoch", 0),
+            best_val_loss=state.get("best_val_loss", math.inf),
+            metrics=state["metrics"],
+        )
+        if self.pos.samples_in_epoch % self.global_batch:
+            raise ckpt.CheckpointError(
+                f"{path}: stopped mid-epoch after {self.pos.samples_in_epoch} samples, which is "
+                f"not a whole number of global batches of {self.global_batch}; resume with the "
+                "same global_batch_size"
+            )
+        rng = state.get("rng_states") or []
+        if len(rng) == self.ctx.world_size:
+            ckpt.set_rng_state(rng[self.ctx.rank])
+        else:  # another world size: a fresh, still deterministic, stream per rank
+            torch.manual_seed(self.c.seed + 7919 * self.pos.step + self.ctx.rank)
+        log.info("resumed from %s at epoch %d, step %d", path, self.pos.epoch, self.pos.step)
+        return path
+
+    def save(self, is_best: bool = False) -> None:
+        """Every rank gathers its RNG state; rank 0 writes; all meet before going on."""
+        if self.model_has_buffers:
+            sync_buffers(self.model)
+        rng_states: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(rng_states, ckpt.rng_state())
+        state = {
+            "format_version": ckpt.FORMAT_VERSION,
+            "model_state_dict": ckpt.unwrap(self.model).state_dict(),
+            "optimizer_state_dict": self.optimizer.state_dict(),
+            "scheduler_state_dict": self.scheduler.state_dict(),
+            "scaler_state_dict": self.scaler.state_dict(),
+            "epoch": self.pos.epoch,
+            "step": self.pos.step,
+            "samples_in_epoch": self.pos.samples_in_epoch,
+            "best_val_loss": self.pos.best_val_loss,
+            "world_size": self.ctx.world_size,
+            "config": self.c.to_dict(),
+            "metrics": self.pos.metrics,
+            "rng_states": rng_states,
+        }
+        rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
+        if self.watchdog:
+            self.watchdog.progress()
+
+    @property
+    def model_has_buffers(self) -> bool:
+        return any(True for _ in self.model.buffers())
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def evaluate_and_record(self, train_loss: torch.Tensor, window: dict[str, float]) -> bool:
+        """Evaluate, log, append to history; True if this is the best validation loss so far."""
+        if self.model_has_buffers:
+            sync_buffers(self.model)
+        metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog)
+        dist.all_reduce(train_loss)  # [sum of step losses, steps] over ranks
+        elapsed = max(time.perf_counter() - window["start"], 1e-9)
+        record = {
+            "epoch": self.pos.epoch,
+            "step": self.pos.step,
+            "train_loss": train_loss[0].item() / max(train_loss[1].item(), 1),
+            "val_loss": metrics["val_loss"],
+            "val_acc": metrics["val_acc"],
+            "samples_per_s": window["samples"] / elapsed,
+            "step_time_s": elapsed / max(window["steps"], 1),
+            "data_wait_share": window["data_wait"] / elapsed,
+            "peak_memory_mb": peak_memory_mb(self.device),
+        }
+        mfu = self._mfu(record["samples_per_s"])
+        if mfu is not None:
+            record["mfu"] = mfu
+        self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
+        is_best = metrics["val_loss"] < self.pos.best_val_loss
+        if is_best:
+            self.pos.best_val_loss = metrics["val_loss"]
+        if self.ctx.is_main:
+            _append_history(self.c, record)
+            log.info(
+                "epoch %d step %d: train_loss %.4f val_loss %.4f val_acc %.4f %.0f samples/s",
+                record["epoch"],
+                record["step"],
+                record["train_loss"],
+                record["val_loss"],
+                record["val_acc"],
+                record["samples_per_s"],
+            )
+        return is_best
+
+    def _mfu(self, samples_per_s: float) -> float | None:
+        if self.device.type != "cuda":
+            return None
+        name = torch.cuda.get_device_name(self.device)
+        peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+        if peak is None:
+            return None
+        # ~6 FLOPs per parameter per sample (forward 2, backward 4) for dense layers.
+        flops = 6 * count_parameters(self.model) * samples_per_s / self.ctx.world_size
+        return flops / peak
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        c, ctx, pos = self.c, self.ctx, self.pos
+        self.stop.install()
+        if ctx.is_main:
+            log.info(
+                "training %s (%d parameters) on %d rank(s) [%s, %s], global batch %d "
+                "(%d per rank x %d accumulation), %d steps per epoch, %d steps in all",
+                c.model,
+                count_parameters(self.model),
+                ctx.world_size,
+                ctx.backend,
+                ctx.device,
+                self.global_batch,
+                self.batch_size,
+                c.grad_accum,
+                self.sampler.steps_per_epoch,
+                self.total_steps,
+            )
+        # Created after every rank has passed DDP's construction; updated by rank 0 only.
+        bar = tqdm(
+            total=self.total_steps,
+            initial=pos.step,
+            disable=not (c.progress and ctx.is_main),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            leave=False,
+        )
+        steps_this_run, stop_signal = 0, None
+        train_loss = torch.zeros(2, dtype=torch.float64, device=self.device)
+        window = {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0}
+        self.ddp.train()
+        while pos.step < self.total_steps and stop_signal is None:
+            self.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same on every rank
+            self.sampler.set_start(pos.samples_in_epoch)
+            loader_seed = c.seed * 100_003 + pos.epoch * 1009 + ctx.rank
+            loader = make_loader(
+                self.train_set,
+                self.sampler,
+                self.batch_size,
+                c,
+                self.device.type == "cuda",
+                loader_seed,
+            )
+            batches = iter(loader)
+            epoch_end = (pos.epoch + 1) * self.sampler.steps_per_epoch
+            while pos.step < min(epoch_end, self.total_steps):
+                step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+                for micro in range(c.grad_accum):
+                    waited = time.perf_counter()
+                    x, y = next(batches)
+                    window["data_wait"] += time.perf_counter() - waited
+                    x, y = (
+                        x.to(self.device, non_blocking=True),
+                        y.to(self.device, non_blocking=True),
+                    )
+                    # Only sync gradients at the last micro-step: earlier ones accumulate locally.
+                    last = micro == c.grad_accum - 1
+                    with (
+                        self.ddp.no_sync() if not last else nullcontext(),
+                        autocast(c, self.device),
+                    ):
+                        # Scale the loss so the accumulated gradient is the mean over the
+                        # global batch (DDP then averages over ranks).
+                        loss = F.cross_entropy(self.forward(x), y) / c.grad_accum
+                    self.scaler.scale(loss).backward()
+                    step_loss += loss.detach().double()
+                # One small collective per step: every rank learns whether any rank saw a
+                # non-finite loss or was asked to stop, so all take the same branch.
+                nonfinite, stopping = agree_any(
+                    not bool(torch.isfinite(step_loss)),
+                    self.stop.signal is not None,
+                    device=self.device,
+                )
+                if nonfinite:
+                    if c.on_nonfinite == "stop":
+                        raise NonFiniteLoss(
+                            f"non-finite loss at step {pos.step + 1} on at least one rank; "
+                            "stopping every rank (on_nonfinite=stop)"
+                        )
+                    self.skipped_steps += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    log.warning(
+                        "step %d: non-finite loss, update skipped on every rank", pos.step + 1
+                    )
+                else:
+                    if c.grad_clip:
+                        self.scaler.unscale_(self.optimizer)  # clip the true gradient
+                        nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                    self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
+                    self.scaler.update()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    train_loss += torch.stack([step_loss, torch.ones_like(step_loss)])
+                self.scheduler.step()
+                pos.step += 1
+                pos.samples_in_epoch += self.global_batch
+                steps_this_run += 1
+                window["samples"] += self.global_batch
+                window["steps"] += 1
+                bar.update(1)
+                if self.watchdog:
+                    self.watchdog.progress()
+                if stopping:
+                    stop_signal = self.stop.signal or signal.SIGTERM
+                    break
+                if c.stop_after and steps_this_run >= c.stop_after:
+                    stop_signal = -1
+                    break
+                if c.eval_every and pos.step % c.eval_every == 0 and pos.step < epoch_end:
+                    is_best = self.evaluate_and_record(train_loss, window)
+                    train_loss.zero_()
+                    window = {
+                        "start": time.perf_counter(),
+                        "samples": 0,
+                        "steps": 0,
+                        "data_wait": 0.0,
+                    }
+                    self.save(is_best)
+                elif c.ckpt_every and pos.step % c.ckpt_every == 0 and pos.step < epoch_end:
+                    self.save()
+            del batches, loader
+            if stop_signal is not None:
+                break
+            if pos.step == epoch_end:
+                pos.epoch += 1
+                pos.samples_in_epoch = 0
+            # End of an epoch or of max_steps: evaluate, then save what was evaluated.
+            is_best = self.evaluate_and_record(train_loss, window)
+            train_loss.zero_()
+            window = {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0}
+            self.save(is_best)
+        bar.close()
+        if stop_signal is not None:
+            self.save()
+            why = "stop_after reached" if stop_signal == -1 else signal.Signals(stop_signal).name
+            log.info("stopped at step %d (%s); checkpoint saved, rerun to resume", pos.step, why)
+        return {
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "stopped_by": stop_signal,
+            "skipped_steps": self.skipped_steps,
+            "metrics": pos.metrics,
+        }
+
+
+def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:
+    """The model with the weights of the checkpoint ``resume`` names, for eval and predict."""
+    path = ckpt.find_resume_checkpoint(c)
+    if path is None:
+        raise ckpt.CheckpointError(
+            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
+            f"--task {c.task} needs --resume PATH or a trained --out"
+        )
+    model = build_model(c)
+    ckpt.load_model_weights(model, ckpt.load_checkpoint(path), path)
+    return model.to(ctx.device), path
+
+
+def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    model, path = load_for_inference(c, ctx)
+    _, val = build_datasets(c)
+    metrics = evaluate(model, val, c, ctx, None)
+    result = {**metrics, "checkpoint": path}
+
+    def write() -> None:
+        with open(os.path.join(c.out, "eval.json"), "w") as f:
+            json.dump(result, f, indent=2)
+
+    rank0_then_meet(write)
+    return result
+
+
+@torch.no_grad()
+def run_predict(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    """Predict the validation set; rank 0 writes every sample's prediction, in dataset order."""
+    model, path = load_for_inference(c, ctx)
+    model.eval()
+    _, val = build_datasets(c)
+    sampler = ShardSampler(len(val), ctx.world_size, ctx.rank)
+    loader = make_loader(val, sampler, c.batch_size, c, False, c.seed)
+    logits = [model(x.to(ctx.device)).float().cpu() for x, _ in loader]
+    local = (
+        torch.tensor(list(sampler.indices), dtype=torch.int64),
+        torch.cat(logits) if logits else torch.empty(0, c.num_classes),
+    )
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, local)
+    index = torch.cat([g[0] for g in gathered])
+    order = index.argsort()
+    all_logits = torch.cat([g[1] for g in gathered])[order]
+    result = {
+        "index": index[order],
+        "logits": all_logits,
+        "prediction": all_logits.argmax(1),
+        "checkpoint": path,
+    }
+    rank0_then_meet(lambda: torch.save(result, os.path.join(c.out, "predictions.pt")))
+    return {"num_samples": len(index), "checkpoint": path}
