@@ -1,4 +1,67 @@
-"""Repo-only test set-up. The harness itself (spawn, dist_ctx, markers) comes from the
-refddp pytest plugin, loaded through its entry point."""
+"""Repo-only fixtures. The harness itself (spawn, dist_ctx, markers) comes from the refddp
+pytest plugin, loaded through its entry point."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
 
 pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parent
+
+
+class CliRun:
+    """A finished ``python -m refddp.train`` run: exit code, output, and its run directory."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, out: Path):
+        self.returncode, self.stdout, self.stderr, self.out = (
+            proc.returncode, proc.stdout, proc.stderr, out,
+        )
+
+    def checkpoint(self, name: str = "checkpoint_latest.pth") -> dict:
+        return torch.load(self.out / "checkpoints" / name, weights_only=True)
+
+    def weights(self, name: str = "checkpoint_latest.pth") -> dict:
+        return self.checkpoint(name)["model_state_dict"]
+
+
+@pytest.fixture
+def run_cli(tmp_path, spawn):
+    """Run the real CLI in a subprocess: ``run_cli("--nproc", 2, out="name", check=True)``.
+
+    It asks for ``spawn`` so that CLI tests are marked ``multiproc`` (driver side) and
+    ``pytest -m multiproc`` selects them with the rest of the distributed suite.
+    """
+
+    def run(*args, out="run", check=True, timeout=240, env=None, **flags):
+        out_dir = tmp_path / out
+        cmd = [sys.executable, "-m", "refddp.train", "--no-progress", "--out", str(out_dir)]
+        cmd += [str(a) for a in args]
+        for key, value in flags.items():
+            flag = key.replace("_", "-")
+            if isinstance(value, bool):
+                cmd.append(f"--{flag}" if value else f"--no-{flag}")
+            else:
+                cmd += [f"--{flag}", str(value)]
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
+        return CliRun(proc, out_dir)
+
+    return run
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """Flags for a small, fast, exactly reproducible run (float64, constant-size data)."""
+    return {
+        "train_size": 96, "val_size": 37, "input_dim": 8, "hidden_size": 16, "batch_size": 8,
+        "epochs": 2, "dtype": "float64", "deterministic": True,
+    }

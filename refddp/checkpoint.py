@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -152,10 +153,15 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         raise CheckpointError(f"resume: checkpoint not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as exc:
+        needs = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        if needs:
+            raise CheckpointError(
+                f"{path}: refused: it needs pickled code ({needs.group(1)}) to load, and "
+                "refddp only loads checkpoints with torch.load(weights_only=True)"
+            ) from None
         raise CheckpointError(
-            f"{path}: refused: it needs pickled code to load, and refddp only loads "
-            "checkpoints with torch.load(weights_only=True)"
+            f"{path}: corrupt or truncated checkpoint (not a torch file)"
         ) from None
     except Exception as exc:  # noqa: BLE001 - truncated zip, bad magic, ...: all "corrupt"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

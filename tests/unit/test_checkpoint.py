@@ -1,0 +1,167 @@
+"""Checkpoints: atomic, clean keys, weights-only, and every bad file is one line naming it."""
+
+import errno
+import logging
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from refddp import checkpoint as ckpt
+from refddp.config import TrainConfig
+from refddp.models import build_model
+
+
+def state(value: float = 1.0) -> dict:
+    return {
+        "model_state_dict": {"w": torch.full((3,), value)},
+        "optimizer_state_dict": {},
+        "scaler_state_dict": {},
+        "epoch": 0,
+        "step": int(value),
+        "world_size": 1,
+        "config": TrainConfig().to_dict(),
+        "metrics": {},
+    }
+
+
+def test_round_trip_is_weights_only_loadable(tmp_path):
+    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=True)
+    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    loaded = torch.load(latest, weights_only=True)
+    assert loaded["step"] == 2 and torch.equal(
+        loaded["model_state_dict"]["w"], torch.full((3,), 2.0)
+    )
+    assert torch.load(tmp_path / "checkpoints" / ckpt.BEST, weights_only=True)["step"] == 2
+
+
+def test_each_write_keeps_the_one_before(tmp_path):
+    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    directory = tmp_path / "checkpoints"
+    assert ckpt.load_checkpoint(str(directory / ckpt.LATEST))["step"] == 2
+    assert ckpt.load_checkpoint(str(directory / ckpt.PREVIOUS))["step"] == 1
+
+
+def test_crash_while_writing_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
+    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    real_save = torch.save
+
+    def crash_half_way(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")
+        raise RuntimeError("simulated crash during write")
+
+    monkeypatch.setattr(torch, "save", crash_half_way)
+    with pytest.raises(ckpt.CheckpointError, match="simulated crash"):
+        ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    monkeypatch.setattr(torch, "save", real_save)
+    directory = tmp_path / "checkpoints"
+    assert ckpt.load_checkpoint(str(directory / ckpt.LATEST))["step"] == 1
+    assert [p for p in os.listdir(directory) if "tmp" in p] == [], "no temporary file left"
+
+
+def test_disk_full_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
+    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+
+    def no_space(obj, f, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"cannot write checkpoint .*: No space left on device$"
+    ):
+        ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    monkeypatch.undo()
+    assert ckpt.load_checkpoint(str(tmp_path / "checkpoints" / ckpt.LATEST))["step"] == 1
+
+
+class Pickled:
+    pass
+
+
+def test_checkpoint_needing_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({**state(), "payload": Pickled()}, path)
+    with pytest.raises(ckpt.CheckpointError, match=r"refused: it needs pickled code"):
+        ckpt.load_checkpoint(str(path))
+
+
+def test_truncated_checkpoint_is_named(tmp_path):
+    path = tmp_path / "cut.pth"
+    torch.save(state(), path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"cut.pth: corrupt or truncated checkpoint"
+    ) as e:
+        ckpt.load_checkpoint(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_foreign_file_is_not_a_refddp_checkpoint(tmp_path):
+    path = tmp_path / "other.pth"
+    torch.save({"weights": torch.ones(2)}, path)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"not a refddp checkpoint \(missing model_state_dict"
+    ):
+        ckpt.load_checkpoint(str(path))
+
+
+def test_auto_resume_falls_back_to_the_previous_checkpoint_with_a_warning(tmp_path, caplog):
+    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    latest.write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="refddp"):
+        path = ckpt.find_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+    assert path.endswith(ckpt.PREVIOUS)
+    assert (
+        "checkpoint_latest.pth: corrupt" in caplog.text and "checkpoint_previous.pth" in caplog.text
+    )
+
+
+def test_corrupt_latest_without_a_fallback_is_an_error(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / ckpt.LATEST).write_bytes(b"garbage")
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint_latest.pth: corrupt"):
+        ckpt.find_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+
+
+def test_resume_path_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match=r"^resume: checkpoint not found: .*gone.pth$"):
+        ckpt.find_resume_checkpoint(TrainConfig(resume=str(tmp_path / "gone.pth")))
+
+
+def test_ddp_and_compile_prefixes_are_stripped():
+    sd = {"module._orig_mod.net.0.weight": 1, "module.net.0.bias": 2, "head.weight": 3}
+    assert ckpt.clean_state_dict(sd) == {"net.0.weight": 1, "net.0.bias": 2, "head.weight": 3}
+    wrapped = nn.Sequential(nn.Linear(2, 2))
+    assert ckpt.unwrap(wrapped) is wrapped
+
+
+def test_checkpoint_of_another_model_names_missing_and_unexpected_keys():
+    mlp = build_model(TrainConfig(model="mlp", depth=1))
+    other = build_model(TrainConfig(model="cnn")).state_dict()
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"x.pth: does not fit this model; missing keys: net.0.weight.*; unexpected keys: features",
+    ):
+        ckpt.check_model_compatible(mlp, other, "x.pth")
+    wider = build_model(TrainConfig(model="mlp", depth=1, hidden_size=64)).state_dict()
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"shape mismatch: net.0.weight \(64, 32\) vs \(128, 32\)"
+    ):
+        ckpt.check_model_compatible(mlp, wider, "x.pth")
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    import random
+
+    import numpy as np
+
+    saved = ckpt.rng_state()
+    expected = (torch.rand(2), random.random(), np.random.rand())
+    torch.save({"rng": saved}, tmp_path / "rng.pth")
+    ckpt.set_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
+    assert torch.equal(torch.rand(2), expected[0])
+    assert (random.random(), np.random.rand()) == expected[1:]

@@ -1,0 +1,100 @@
+"""One flat config: every field a YAML key and a CLI flag, validated with one-line errors."""
+
+import dataclasses
+
+import pytest
+
+from refddp.config import (
+    FIELDS,
+    ConfigError,
+    TrainConfig,
+    build_parser,
+    load_yaml,
+    merge,
+    parse_cli,
+    per_rank_batch_size,
+)
+
+
+def resolve(argv, yaml_values=None, checkpoint=None):
+    cli, _ = parse_cli(argv)
+    return merge(cli, yaml_values or {}, checkpoint)
+
+
+def test_every_field_is_a_cli_flag_with_its_help():
+    help_text = build_parser().format_help()
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in help_text, flag
+    assert "--no-progress" in help_text and "--log-all-ranks" in help_text
+
+
+def test_cli_beats_yaml_beats_checkpoint_beats_default():
+    c = resolve(
+        ["--lr", "0.5"],
+        yaml_values={"lr": 0.25, "batch_size": 7},
+        checkpoint={"lr": 0.125, "batch_size": 5, "epochs": 9},
+    )
+    assert (c.lr, c.batch_size, c.epochs, c.seed) == (0.5, 7, 9, TrainConfig().seed)
+
+
+def test_checkpoint_never_sets_invocation_fields():
+    c = resolve([], checkpoint={"task": "eval", "out": "elsewhere", "nproc": 4, "resume": "x.pt"})
+    assert (c.task, c.out, c.nproc, c.resume) == ("train", "runs/default", 0, "auto")
+
+
+def test_yaml_file_loads_and_typo_is_named_with_a_suggestion(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("lr: 0.01\namp: bf16\nprogress: false\n")
+    assert load_yaml(str(good)) == {"lr": 0.01, "amp": "bf16", "progress": False}
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("lerning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'lerning_rate'"):
+        load_yaml(str(typo))
+    near = tmp_path / "near.yaml"
+    near.write_text("batchsize: 3\n")
+    with pytest.raises(ConfigError, match=r"did you mean batch_size\?"):
+        load_yaml(str(near))
+
+
+def test_yaml_values_are_type_checked(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: three\n")
+    with pytest.raises(ConfigError, match=r"^epochs: expected int, got 'three'$"):
+        load_yaml(str(bad))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "0"], r"^batch_size: must be >= 1, got 0$"),
+        (["--lr", "-1"], r"^lr: must be > 0, got -1.0$"),
+        (["--amp", "fp8"], r"--amp: invalid choice: 'fp8'"),
+        (["--epochs", "two"], r"--epochs: invalid int value: 'two'"),
+        (["--bogus"], r"unrecognized arguments: --bogus"),
+        (["--amp", "fp16", "--dtype", "float64"], r"^amp: fp16 needs dtype float32"),
+        (["--resume", "weights.bin"], r"^resume: expected auto, never or a .pt/.pth path"),
+        (["--timeout", "0"], r"^timeout: must be > 0"),
+        (["--num-classes", "1"], r"^num_classes: must be >= 2"),
+    ],
+)
+def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        resolve(argv)
+    assert "\n" not in str(info.value)
+
+
+def test_global_batch_size_sets_the_per_rank_batch_and_must_divide():
+    c = resolve(["--global-batch-size", "64", "--grad-accum", "2"])
+    assert per_rank_batch_size(c, world_size=4) == 8
+    with pytest.raises(ConfigError, match=r"global_batch_size: 64 does not divide by world size 3"):
+        per_rank_batch_size(c, world_size=3)
+
+
+def test_bool_flags_have_negations():
+    assert resolve(["--no-progress"]).progress is False
+    assert resolve(["--deterministic"]).deterministic is True
+
+
+def test_fields_table_matches_the_dataclass():
+    assert list(FIELDS) == [f.name for f in dataclasses.fields(TrainConfig)]

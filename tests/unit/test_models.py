@@ -1,0 +1,47 @@
+"""Built-in models and user models by import path."""
+
+import pytest
+import torch
+
+from refddp.config import ConfigError, TrainConfig
+from refddp.models import build_model
+
+
+def test_built_in_models_map_inputs_to_class_logits():
+    for name in ("mlp", "cnn"):
+        model = build_model(TrainConfig(model=name, input_dim=12, num_classes=5))
+        assert model(torch.randn(3, 12)).shape == (3, 5)
+
+
+def test_initialisation_is_a_function_of_the_seed():
+    a = build_model(TrainConfig(seed=1)).state_dict()
+    b = build_model(TrainConfig(seed=1)).state_dict()
+    c = build_model(TrainConfig(seed=2)).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_dtype_follows_the_config():
+    model = build_model(TrainConfig(dtype="float64"))
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+
+
+def test_user_model_by_import_path():
+    model = build_model(
+        TrainConfig(model="tests.user_code:tiny_linear", input_dim=6, num_classes=3)
+    )
+    assert isinstance(model, torch.nn.Linear) and model.in_features == 6
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no_such_pkg:make", r"^model: cannot import module 'no_such_pkg'"),
+        ("tests.user_code:missing", r"^model: module 'tests.user_code' has no attribute 'missing'"),
+        ("tests.user_code:not_a_module", r"^model: 'tests.user_code:not_a_module' returned dict"),
+        ("resnet", r"^model: 'resnet' is not one of mlp, cnn or package.module:callable"),
+    ],
+)
+def test_bad_model_names_are_one_line_errors(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model(TrainConfig(model=spec))
