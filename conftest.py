@@ -19,7 +19,10 @@ class CliRun:
 
     def __init__(self, proc: subprocess.CompletedProcess, out: Path):
         self.returncode, self.stdout, self.stderr, self.out = (
-            proc.returncode, proc.stdout, proc.stderr, out,
+            proc.returncode,
+            proc.stdout,
+            proc.stderr,
+            out,
         )
 
     def checkpoint(self, name: str = "checkpoint_latest.pth") -> dict:
@@ -48,7 +51,11 @@ def run_cli(tmp_path, spawn):
             else:
                 cmd += [f"--{flag}", str(value)]
         proc = subprocess.run(
-            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+            cmd,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         )
         if check and proc.returncode != 0:
@@ -62,6 +69,12 @@ def run_cli(tmp_path, spawn):
 def tiny(tmp_path):
     """Flags for a small, fast, exactly reproducible run (float64, constant-size data)."""
     return {
-        "train_size": 96, "val_size": 37, "input_dim": 8, "hidden_size": 16, "batch_size": 8,
-        "epochs": 2, "dtype": "float64", "deterministic": True,
+        "train_size": 96,
+        "val_size": 37,
+        "input_dim": 8,
+        "hidden_size": 16,
+        "batch_size": 8,
+        "epochs": 2,
+        "dtype": "float64",
+        "deterministic": True,
     }

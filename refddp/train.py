@@ -23,14 +23,12 @@ from refddp.config import (
     merge,
     parse_cli,
     per_rank_batch_size,
-    save_yaml,
 )
 from refddp.data import build_datasets
 from refddp.dist import (
     HangWatchdog,
     RankZeroError,
     init_distributed,
-    rank0_then_meet,
     setup_logging,
     teardown,
     under_torchrun,
@@ -101,7 +99,7 @@ def preflight(c: TrainConfig, world_size: int) -> None:
 
 def run_rank(c: TrainConfig) -> int:
     """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
-    from refddp.trainer import NonFiniteLoss, Trainer, run_eval, run_predict, truncate_history
+    from refddp.trainer import NonFiniteLoss, Trainer, run_eval, run_predict
 
     ctx = init_distributed(c.device, c.timeout + 60)  # the watchdog (c.timeout) fires first
     setup_logging(ctx.rank, c.log_all_ranks)
@@ -113,16 +111,7 @@ def run_rank(c: TrainConfig) -> int:
     try:
         with HangWatchdog(stacks, c.timeout) as watchdog:
             if c.task == "train":
-
-                def prepare_run_dir() -> None:
-                    os.makedirs(c.out, exist_ok=True)
-                    save_yaml(c, os.path.join(c.out, "config.yaml"))
-
-                rank0_then_meet(prepare_run_dir)
-                trainer = Trainer(c, ctx, watchdog)
-                if ctx.is_main:
-                    truncate_history(c.out, trainer.pos.step)
-                result = trainer.fit()
+                result = Trainer(c, ctx, watchdog).fit()
                 m = result["metrics"]
                 summary = (
                     f"done: step {result['step']}, val_loss {m.get('val_loss', float('nan')):.4f}, "

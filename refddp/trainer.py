@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
-from refddp.config import ConfigError, TrainConfig, per_rank_batch_size
+from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
 from refddp.models import build_model, count_parameters
@@ -53,12 +53,19 @@ class NonFiniteLoss(RuntimeError):
 class StopRequest:
     """SIGTERM/SIGINT set a flag; ranks agree on it at the next step and stop together."""
 
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self) -> None:
         self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
 
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+    def __enter__(self) -> StopRequest:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signal is not None and signum == signal.SIGINT:
@@ -147,6 +154,11 @@ def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def prepare_run_dir(c: TrainConfig) -> None:
+    os.makedirs(c.out, exist_ok=True)
+    save_yaml(c, os.path.join(c.out, "config.yaml"))
+
+
 def truncate_history(out: str, step: int) -> None:
     """Drop evaluations past ``step`` (a resume will redo them)."""
     path = os.path.join(out, "history.jsonl")
@@ -166,6 +178,7 @@ class Trainer:
     def __init__(self, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None = None):
         self.c, self.ctx, self.watchdog = c, ctx, watchdog
         self.device = torch.device(ctx.device)
+        rank0_then_meet(lambda: prepare_run_dir(c))
         self.model = build_model(c).to(self.device)
         self.train_set, self.val_set = build_datasets(c)
         self.batch_size = per_rank_batch_size(c, ctx.world_size)
@@ -198,6 +211,8 @@ class Trainer:
         self.stop = StopRequest()
         self.skipped_steps = 0
         self.resumed_from = self._resume()
+        if self.resumed_from:
+            rank0_then_meet(lambda: truncate_history(c.out, self.pos.step))
         # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
         self.ddp = DDP(
             self.model,
@@ -295,8 +310,8 @@ class Trainer:
         is_best = metrics["val_loss"] < self.pos.best_val_loss
         if is_best:
             self.pos.best_val_loss = metrics["val_loss"]
+        rank0_then_meet(lambda: _append_history(self.c, record))
         if self.ctx.is_main:
-            _append_history(self.c, record)
             log.info(
                 "epoch %d step %d: train_loss %.4f val_loss %.4f val_acc %.4f %.0f samples/s",
                 record["epoch"],
@@ -322,8 +337,11 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
+        with self.stop:
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
         c, ctx, pos = self.c, self.ctx, self.pos
-        self.stop.install()
         if ctx.is_main:
             log.info(
                 "training %s (%d parameters) on %d rank(s) [%s, %s], global batch %d "

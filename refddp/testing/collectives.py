@@ -1,8 +1,15 @@
 """A record of the collectives this process issues through ``torch.distributed``.
 
-Two uses: a hang report names the last collective each rank entered (written to a small
-memory-mapped file the driver can read even while the rank is blocked), and tests compare
-the sequence each rank issued (``record_collectives``) to prove every rank takes the same path.
+Three uses: a hang report names the last collective each rank entered (written to a small
+memory-mapped file the driver can read even while the rank is blocked); tests compare the
+sequence each rank issued (``record_collectives``) to prove every rank takes the same path;
+and, when enabled, every collective on the default group is first checked against the other
+ranks' (``enable_fingerprint_check``), so a mismatch fails with both collectives named.
+
+Why our own check rather than torch's: with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps each
+new group in ``ProcessGroupWrapper``, and in torch 2.13 constructing DDP on such a gloo group
+segfaults (DDP's logger casts the wrapper to ProcessGroupGloo). This check also compares the
+reduce op, which the wrapper's fingerprint leaves out.
 
 Only calls made through the ``torch.distributed`` namespace are seen; DDP's gradient
 all-reduce runs in C++ and shows up in the process group's sequence number instead
@@ -44,10 +51,31 @@ _COLLECTIVES = (
 )
 _SLOT_BYTES = 1024
 
+# Ops whose tensors legitimately differ between ranks (uneven splits, src/dst-only lists):
+# only their names are compared. Point-to-point ops pair different calls, so are not checked.
+_NAME_ONLY = {
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "gather_object",
+    "scatter_object_list",
+    "all_gather_object",
+    "broadcast_object_list",
+}
+_UNCHECKED = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+_FINGERPRINT_BYTES = 256
+
 _installed = False
 _slot: mmap.mmap | None = None
 _recorders: list[list[str]] = []
 _count = 0
+_checked_count = 0
+_checker: Any = None  # the helper process group fingerprints are exchanged on
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks issued different collectives at the same point on the default group."""
 
 
 def _describe(name: str, args: tuple, kwargs: dict) -> str:
@@ -64,6 +92,45 @@ def _describe(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+def _on_default_group(args: tuple, kwargs: dict) -> bool:
+    import torch.distributed as dist
+
+    groups = [a for a in (*args, *kwargs.values()) if isinstance(a, dist.ProcessGroup)]
+    default = dist.distributed_c10d._get_default_group()
+    return all(g is default or g == dist.group.WORLD for g in groups)
+
+
+def _check_fingerprint(name: str, signature: str) -> None:
+    """All-gather this collective's fingerprint; raise on every rank if any rank differs."""
+    import torch
+    import torch.distributed as dist
+
+    global _checked_count
+    _checked_count += 1
+    text = f"#{_checked_count} " + (name if name in _NAME_ONLY else signature)
+    data = text.encode()[:_FINGERPRINT_BYTES].ljust(_FINGERPRINT_BYTES, b"\0")
+    mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(_checker))]
+    dist.distributed_c10d.all_gather(everyone, mine, group=_checker)
+    seen = [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in everyone]
+    if len(set(seen)) > 1:
+        listed = "; ".join(f"rank {r} is running {s}" for r, s in enumerate(seen))
+        raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
+
+
+def reset_count() -> None:
+    """Number fingerprints from 1 again (at the start of each harness task)."""
+    global _checked_count
+    _checked_count = 0
+
+
+def enable_fingerprint_check(helper_group: Any) -> None:
+    """Check each default-group collective against every rank's before issuing it."""
+    global _checker
+    install()
+    _checker = helper_group
+
+
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
         global _count
@@ -76,6 +143,8 @@ def _wrap(name: str, fn: Any) -> Any:
             where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
             text = f"#{_count} {signature} at {where}".encode()[: _SLOT_BYTES - 1]
             _slot[:] = text + b"\0" * (_SLOT_BYTES - len(text))
+        if _checker is not None and name not in _UNCHECKED and _on_default_group(args, kwargs):
+            _check_fingerprint(name, signature)
         return fn(*args, **kwargs)
 
     traced.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -90,6 +90,7 @@ def _health(ctx: DistContext) -> dict[str, Any]:
 
 
 def _run_task(task: dict[str, Any], ctx: DistContext) -> tuple:
+    collectives.reset_count()
     try:
         _import_test_modules(task["sys_path"], task["modules"])
         fn, args, kwargs = _TaskUnpickler(io.BytesIO(task["payload"])).load()
@@ -127,6 +128,11 @@ def _init_group(args: argparse.Namespace) -> DistContext:
             timeout=datetime.timedelta(seconds=args.init_timeout),
         ),
     )
+    detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
+    if detail:
+        # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
+        # on gloo); our own fingerprint check takes its place. DETAIL is restored below.
+        dist.set_debug_level(dist.DebugLevel.INFO)
     dist.init_process_group(
         args.backend,
         store=store,
@@ -135,6 +141,9 @@ def _init_group(args: argparse.Namespace) -> DistContext:
         # Hangs are the driver's to detect (with stacks); keep torch's own timeout out of its way.
         timeout=datetime.timedelta(seconds=args.collective_timeout),
     )
+    if detail:
+        collectives.enable_fingerprint_check(dist.new_group(backend="gloo"))
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     return DistContext(args.rank, args.world_size, args.rank, device, args.backend)
 
 

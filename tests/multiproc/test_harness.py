@@ -145,7 +145,9 @@ def test_mismatched_collective_order_fails_naming_both_collectives(spawn):
         spawn(mismatched_order, timeout=GENEROUS_DEADLINE)
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
-    assert "ALLREDUCE" in report and "BROADCAST" in report
+    assert "rank 0 is running #1 all_reduce((4,):float32)" in report
+    assert "rank 1 is running #1 broadcast((4,):float32)" in report
+    assert set(info.value.failures) == {0, 1}, "every rank fails, none hangs"
     assert_pool_healthy(spawn)
 
 
@@ -154,8 +156,38 @@ def test_mismatched_shapes_fail_naming_the_shapes(spawn):
         spawn(mismatched_shapes, timeout=GENEROUS_DEADLINE)
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
-    assert "TensorShape=[3]" in report and "TensorShape=[4]" in report
+    assert "all_reduce((3,):float32)" in report and "all_reduce((4,):float32)" in report
     assert_pool_healthy(spawn)
+
+
+def mismatched_reduce_ops():
+    op = dist.ReduceOp.SUM if dist.get_rank() == 0 else dist.ReduceOp.MAX
+    dist.all_reduce(torch.ones(2), op=op)
+
+
+def test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing(spawn):
+    # Same op type and shape: torch's own DETAIL fingerprint would let this through, and each
+    # rank would compute a different "all-reduced" value.
+    with pytest.raises(RankFailure) as info:
+        spawn(mismatched_reduce_ops, timeout=GENEROUS_DEADLINE)
+    assert "all_reduce((2,):float32, SUM)" in str(info.value)
+    assert "all_reduce((2,):float32, MAX)" in str(info.value)
+    assert_pool_healthy(spawn)
+
+
+def subgroup_collectives():
+    # Collectives on a subgroup only involve its members: they must not be fingerprinted
+    # against the whole world (that would hang the non-members' check).
+    evens = dist.new_group([0, 2])
+    t = torch.ones(1)
+    if dist.get_rank() in (0, 2):
+        dist.all_reduce(t, group=evens)
+    dist.barrier()
+    return t.item()
+
+
+def test_subgroup_collectives_run_under_fingerprint_checking(spawn):
+    assert spawn(subgroup_collectives, world_size=3) == [2.0, 1.0, 2.0]
 
 
 def test_unsound_pool_is_recycled_after_a_task(spawn):

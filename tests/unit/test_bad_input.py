@@ -27,7 +27,10 @@ def fails_with(capsys, argv, expected):
     [
         (["--batch-size", "0"], "batch_size: must be >= 1, got 0"),
         (["--lr", "-0.1"], "lr: must be > 0, got -0.1"),
-        (["--amp", "fp8"], "argument --amp: invalid choice: 'fp8' (choose from 'off', 'fp16', 'bf16')"),
+        (
+            ["--amp", "fp8"],
+            "argument --amp: invalid choice: 'fp8' (choose from 'off', 'fp16', 'bf16')",
+        ),
         (["--model", "no_such_pkg.models:net"], "model: cannot import module 'no_such_pkg.models'"),
         (["--data", "missing.pt"], "data: file not found: missing.pt"),
         (

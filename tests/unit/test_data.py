@@ -98,7 +98,7 @@ def test_resuming_mid_epoch_continues_the_same_order(n, world, done):
     resumed = [GlobalBatchSampler(Sized(n), world, r, g, 3) for r in range(world)]
     for s in resumed:
         s.set_start(done * g)
-    for f, r in zip(full, resumed):
+    for f, r in zip(full, resumed, strict=True):
         assert list(f)[done * 2 :] == list(r)
         assert len(r) == len(list(r))
 

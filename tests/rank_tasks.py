@@ -1,0 +1,67 @@
+"""Functions the proof suite runs on every rank (through `spawn`), and the configs they use."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from refddp.checkpoint import unwrap
+from refddp.config import TrainConfig
+from refddp.dist import init_distributed
+from refddp.testing import record_collectives
+from refddp.trainer import Trainer, evaluate
+
+# Small, float64, deterministic: tight tolerances mean something.
+TINY = dict(
+    train_size=96,
+    val_size=37,
+    input_dim=8,
+    hidden_size=16,
+    batch_size=4,
+    epochs=2,
+    dtype="float64",
+    deterministic=True,
+    progress=False,
+    lr=1e-2,
+)
+
+
+def tiny_config(out: str, **overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "out": out, **overrides})
+
+
+def state_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in unwrap(module).state_dict().items()}
+
+
+def fit(out: str, **overrides) -> dict:
+    """Run the real trainer in this rank; its final weights and where it stopped."""
+    c = tiny_config(out, **overrides)
+    trainer = Trainer(c, init_distributed("cpu"))
+    result = trainer.fit()
+    return {
+        "weights": state_of(trainer.model),
+        "step": result["step"],
+        "result": result,
+        "scale": trainer.scaler.get_scale() if trainer.scaler.is_enabled() else None,
+    }
+
+
+def fit_recording_collectives(out: str, **overrides) -> dict:
+    c = tiny_config(out, **overrides)
+    with record_collectives() as log:
+        trainer = Trainer(c, init_distributed("cpu"))
+        trainer.fit()
+    group = dist.distributed_c10d._get_default_group()
+    return {"log": log, "sequence": group._get_sequence_number_for_group()}
+
+
+def eval_model(weights: dict, **overrides) -> dict:
+    c = tiny_config("unused", **overrides)
+    from refddp.data import build_datasets
+    from refddp.models import build_model
+
+    model = build_model(c)
+    model.load_state_dict(weights)
+    return evaluate(model, build_datasets(c)[1], c, init_distributed("cpu"), None)
