@@ -138,7 +138,9 @@ def evaluate(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(c, device):
             logits = model(x)
-        sums[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        # Half-precision (AMP) logits are upcast for the loss; float64 ones stay float64.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
         sums[1] += (logits.argmax(dim=1) == y).sum()
         sums[2] += len(y)
         if watchdog:

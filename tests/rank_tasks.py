@@ -65,3 +65,9 @@ def eval_model(weights: dict, **overrides) -> dict:
     model = build_model(c)
     model.load_state_dict(weights)
     return evaluate(model, build_datasets(c)[1], c, init_distributed("cpu"), None)
+
+
+def scale_after_resume(out: str, **overrides) -> float:
+    """The GradScaler scale a trainer starts with after resuming from ``out``."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    return trainer.scaler.get_scale()

@@ -45,8 +45,27 @@ def rank_dependent_datasets(config):
 
 
 def exploding_datasets(config):
-    """Training inputs that overflow to inf in the forward pass (for non-finite loss tests)."""
+    """One training sample in twenty is inf: some steps' loss is inf on some rank."""
     train, val = synthetic(config)
     x = train.x.clone()
-    x[: len(x) // 2] = float("inf")
+    x[::20] = float("inf")
     return TensorPairDataset(x, train.y), val
+
+
+def spiky_mlp(config):
+    """An MLP whose first-layer gradient is inf on rank 1 every third backward (loss stays
+    finite): what an fp16 overflow looks like to GradScaler, planted before DDP's all-reduce."""
+    from refddp.models import MLP
+
+    model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+    backwards = {"n": 0}
+
+    def spike(grad):
+        backwards["n"] += 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return (
+            torch.full_like(grad, float("inf")) if rank == 1 and backwards["n"] % 3 == 0 else grad
+        )
+
+    model.net[0].weight.register_hook(spike)
+    return model

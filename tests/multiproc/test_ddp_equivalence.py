@@ -165,21 +165,26 @@ def test_gradient_accumulation_equals_the_big_batch_and_syncs_only_at_the_end(sp
         torch.testing.assert_close(grads, flat_grads(model), rtol=1e-12, atol=1e-14)
 
 
-def test_fp16_scaler_skips_nonfinite_steps_on_every_rank_alike(spawn, tmp_path):
-    # Half the inputs are inf: those steps' gradients are non-finite after the all-reduce on
-    # every rank, so GradScaler must skip them everywhere and shrink the scale everywhere.
+def test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike(spawn, tmp_path):
+    # Rank 1's gradient overflows every third step; after DDP's all-reduce every rank holds
+    # the inf, so GradScaler must skip that step and halve its scale on every rank.
     results = spawn(
-        fit,
-        str(tmp_path),
-        data="tests.user_code:exploding_datasets",
-        amp="fp16",
-        dtype="float32",
-        epochs=1,
-        on_nonfinite="skip",
+        fit, str(tmp_path), model="tests.user_code:spiky_mlp", amp="fp16", dtype="float32", epochs=1
     )
-    assert results[0]["result"]["skipped_steps"] > 0
-    assert results[0]["result"]["skipped_steps"] == results[1]["result"]["skipped_steps"]
-    assert results[0]["scale"] == results[1]["scale"]
+    steps = results[0]["step"]
+    assert steps >= 6 and results[0]["result"]["skipped_steps"] == 0, "losses stayed finite"
+    assert results[0]["scale"] == results[1]["scale"] == 65536.0 * 0.5 ** (steps // 3)
+    for key, value in results[0]["weights"].items():
+        assert torch.isfinite(value).all(), key
+        assert torch.equal(value, results[1]["weights"][key]), key
+
+
+def test_nonfinite_loss_is_skipped_on_every_rank_alike(spawn, tmp_path):
+    # Half the inputs are inf, on whichever rank draws them: every rank must skip together.
+    results = spawn(fit, str(tmp_path), data="tests.user_code:exploding_datasets", epochs=1)
+    skipped = [r["result"]["skipped_steps"] for r in results]
+    assert skipped[0] > 0 and skipped[0] == skipped[1]
+    assert skipped[0] < results[0]["step"], "finite steps still train"
     for key, value in results[0]["weights"].items():
         assert torch.isfinite(value).all(), key
         assert torch.equal(value, results[1]["weights"][key]), key

@@ -1,0 +1,149 @@
+"""The real trainer, run on every rank through `spawn`: collective order, checkpoints, resume, eval."""
+
+import re
+
+import pytest
+import torch
+
+from refddp.checkpoint import LATEST
+from refddp.config import ConfigError
+from refddp.models import build_model
+from refddp.testing import RankFailure, RankTimeout
+from tests.rank_tasks import (
+    eval_model,
+    fit,
+    fit_recording_collectives,
+    scale_after_resume,
+    tiny_config,
+)
+
+GLOBAL = 12  # divides by 1, 2 and 3 ranks
+
+
+def assert_same_weights(a, b, rtol=0.0, atol=0.0):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=key)
+
+
+def test_every_rank_issues_the_same_collectives_through_train_eval_save_and_logging(
+    spawn, tmp_path
+):
+    runs = spawn(
+        fit_recording_collectives,
+        str(tmp_path),
+        progress=True,
+        ckpt_every=3,
+        eval_every=5,
+        world_size=3,
+    )
+    logs = [r["log"] for r in runs]
+    assert logs[0] == logs[1] == logs[2]
+    kinds = {entry.split("(")[0] for entry in logs[0]}
+    assert {"all_reduce", "broadcast_object_list", "all_gather_object"} <= kinds
+    # DDP's own gradient all-reduces bypass Python; the group's sequence number counts them.
+    assert len({r["sequence"] for r in runs}) == 1
+
+
+def test_rank0_progress_logging_and_checkpoints_finish_at_world_size_4(spawn, tmp_path):
+    results = spawn(
+        fit, str(tmp_path), progress=True, ckpt_every=1, eval_every=4, world_size=4, timeout=120
+    )
+    assert {r["step"] for r in results} == {results[0]["step"]} and results[0]["step"] > 0
+    assert (tmp_path / "checkpoints" / LATEST).exists()
+
+
+def test_ddp_checkpoint_loads_strictly_into_a_plain_model_with_identical_outputs(spawn, tmp_path):
+    ranks = spawn(fit, str(tmp_path), world_size=2)
+    ckpt = torch.load(tmp_path / "checkpoints" / LATEST, weights_only=True)
+    plain = build_model(ckpt["config"])
+    plain.load_state_dict(ckpt["model_state_dict"], strict=True)
+    ddp_trained = build_model(ckpt["config"])
+    ddp_trained.load_state_dict(ranks[0]["weights"])
+    x = torch.randn(5, ckpt["config"]["input_dim"], dtype=torch.float64)
+    assert torch.equal(plain(x), ddp_trained(x))
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["model_state_dict"])
+
+
+@pytest.mark.parametrize("sizes", [(1, 2), (2, 1), (1, 2, 3)], ids=lambda s: "->".join(map(str, s)))
+def test_resume_at_another_world_size_continues_the_same_run(spawn, tmp_path, sizes):
+    flags = dict(global_batch_size=GLOBAL, epochs=3, optimizer="adamw")
+    straight = spawn(fit, str(tmp_path / "straight"), world_size=1, **flags)[0]
+    out = str(tmp_path / "hopping")
+    for size in sizes[:-1]:  # each leg stops mid-epoch (8 steps per epoch here)
+        spawn(fit, out, world_size=size, stop_after=5, **flags)
+    last = spawn(fit, out, world_size=sizes[-1], **flags)[0]
+    assert last["step"] == straight["step"] == 24
+    # Same samples per step, same optimizer state: equal up to float64 reduction order.
+    assert_same_weights(last["weights"], straight["weights"], rtol=1e-9, atol=1e-12)
+
+
+def test_resume_check_detects_a_lost_optimizer_state(spawn, tmp_path):
+    flags = dict(global_batch_size=GLOBAL, epochs=3, optimizer="adamw")
+    straight = spawn(fit, str(tmp_path / "straight"), world_size=1, **flags)[0]
+    out = tmp_path / "hopping"
+    spawn(fit, str(out), world_size=2, stop_after=5, **flags)
+    path = out / "checkpoints" / LATEST
+    state = torch.load(path, weights_only=True)
+    state["optimizer_state_dict"]["state"] = {}  # what a resume that forgets Adam's moments does
+    torch.save(state, path)
+    last = spawn(fit, str(out), world_size=1, **flags)[0]
+    with pytest.raises(AssertionError):
+        assert_same_weights(last["weights"], straight["weights"], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_exact_resume_in_process_is_bit_identical(spawn, tmp_path, world_size):
+    straight = spawn(fit, str(tmp_path / "a"), world_size=world_size, ckpt_every=2)[0]
+    spawn(fit, str(tmp_path / "b"), world_size=world_size, stop_after=7, ckpt_every=2)
+    resumed = spawn(fit, str(tmp_path / "b"), world_size=world_size, ckpt_every=2)[0]
+    assert resumed["step"] == straight["step"]
+    assert_same_weights(resumed["weights"], straight["weights"])  # bit for bit
+
+
+def test_eval_counts_every_sample_once_at_any_world_size(spawn):
+    model = build_model(tiny_config("unused"))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    per_size = {n: spawn(eval_model, weights, world_size=n) for n in (1, 2, 3)}
+    reference = per_size[1][0]
+    assert reference["num_samples"] == 37, "an odd validation size, no padding duplicates"
+    for results in per_size.values():
+        for metrics in results:
+            assert metrics["num_samples"] == 37
+            assert metrics["val_acc"] == reference["val_acc"]
+            assert metrics["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-12)
+
+
+def test_ranks_with_different_dataset_sizes_fail_clearly_not_hang(spawn, tmp_path):
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), data="tests.user_code:rank_dependent_datasets", timeout=60)
+    assert not isinstance(info.value, RankTimeout)
+    for text in info.value.failures.values():
+        assert (
+            "ConfigError: data: ranks see different training set sizes (10 to 12 steps per epoch)"
+            in text
+        )
+
+
+def test_fp16_scaler_state_survives_checkpoint_and_resume(spawn, tmp_path):
+    flags = dict(amp="fp16", dtype="float32", model="tests.user_code:spiky_mlp", epochs=1)
+    stopped = spawn(fit, str(tmp_path), stop_after=6, **flags)
+    assert stopped[0]["scale"] == 65536.0 * 0.5**2, "steps 3 and 6 overflowed"
+    saved = torch.load(tmp_path / "checkpoints" / LATEST, weights_only=True)
+    assert saved["scaler_state_dict"]["scale"] == stopped[0]["scale"]
+    assert spawn(scale_after_resume, str(tmp_path), **flags) == [stopped[0]["scale"]] * 2
+
+
+def test_nonfinite_loss_stop_policy_stops_every_rank_with_a_clear_message(spawn, tmp_path):
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), data="tests.user_code:exploding_datasets", on_nonfinite="stop")
+    assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
+    for text in info.value.failures.values():
+        assert re.search(r"NonFiniteLoss: non-finite loss at step \d+ on at least one rank", text)
+
+
+def test_config_error_inside_a_rank_is_a_config_error(spawn, tmp_path):
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), train_size=4, batch_size=4, world_size=2)
+    assert "do not fill one global batch of 8" in info.value.failures[0]
+    assert ConfigError.__name__ in info.value.failures[0]
