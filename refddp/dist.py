@@ -13,6 +13,8 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TypeVar
@@ -107,13 +109,52 @@ def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistCont
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         if under_torchrun():
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(
+                backend,
+                store=_attempt_store(world_size, timeout),
+                timeout=timeout,
+                rank=rank,
+                world_size=world_size,
+            )
+            exit_with_parent()  # the elastic agent starts ranks in their own session
         else:
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
         _owns_group = True
     return DistContext(rank, world_size, local_rank, str(dev), backend)
+
+
+def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store for this restart attempt of a torchrun job.
+
+    torch 2.13's elastic agent keeps one TCPStore for every restart attempt, and
+    ``env://`` adds no per-attempt prefix, so restarted ranks read the previous attempt's gloo
+    addresses and hang connecting to dead peers. Namespacing by attempt avoids that.
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        and int(os.environ["RANK"]) == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"refddp/attempt_{attempt}", store)
+
+
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """Exit this process when its parent dies, even by SIGKILL: no orphaned ranks."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="refddp-parent-watch", daemon=True).start()
 
 
 def teardown() -> None:

@@ -69,3 +69,50 @@ def spiky_mlp(config):
 
     model.net[0].weight.register_hook(spike)
     return model
+
+
+def killed_mlp(config):
+    """An MLP whose rank 1 SIGKILLs itself at forward $REFDDP_TEST_KILL_AT, first attempt only."""
+    import signal
+
+    from refddp.models import MLP
+
+    model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+    forwards = {"n": 0}
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+    def maybe_die(module, inputs):
+        if module.training:
+            forwards["n"] += 1
+            if (
+                dist.get_rank() == 1
+                and first_attempt
+                and forwards["n"] == int(os.environ["REFDDP_TEST_KILL_AT"])
+            ):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    model.register_forward_pre_hook(maybe_die)
+    return model.to(getattr(torch, config.dtype))
+
+
+class StuckDataset(torch.utils.data.Dataset):
+    """Rank 1 blocks forever on its 20th item: a data loader that never returns."""
+
+    def __init__(self, base):
+        self.base, self.served = base, 0
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        self.served += 1
+        if dist.get_rank() == 1 and self.served == 20:
+            import threading
+
+            threading.Event().wait()
+        return self.base[index]
+
+
+def stuck_datasets(config):
+    train, val = synthetic(config)
+    return StuckDataset(train), val

@@ -84,8 +84,6 @@ class RankPool:
                 prefix,
                 "--workdir",
                 self.workdir,
-                "--parent-pid",
-                str(os.getpid()),
             ]
             proc = subprocess.Popen(
                 cmd,

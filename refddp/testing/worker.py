@@ -21,8 +21,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -30,20 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.dist import DistContext
+from refddp.dist import DistContext, exit_with_parent
 from refddp.testing import collectives
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the driver dies (even by SIGKILL), so no rank outlives its pytest session."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="refddp-parent-watch", daemon=True).start()
-
 
 DRIVER_MAIN = "__refddp_driver_main__"
 
@@ -156,12 +142,11 @@ def main() -> int:
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--init-timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
     args = parser.parse_args()
 
-    _watch_parent(args.parent_pid)
+    exit_with_parent()
     stack_file = open(os.path.join(args.workdir, f"rank{args.rank}.stack"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     collectives.install(collectives.slot_path_for(args.workdir, args.rank))

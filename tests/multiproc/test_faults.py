@@ -1,0 +1,247 @@
+"""Faults and signals through the real CLI: nothing lost, nothing hangs, no process left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "--train-size",
+    "96",
+    "--val-size",
+    "37",
+    "--input-dim",
+    "8",
+    "--hidden-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--dtype",
+    "float64",
+    "--deterministic",
+    "--no-progress",
+]
+
+
+def cli(out, *args):
+    return [sys.executable, "-m", "refddp.train", "--out", str(out), *TINY, *map(str, args)]
+
+
+def run(cmd, env=None, timeout=240):
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+
+
+def start(cmd):
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def wait_for(predicate, deadline_s, what):
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def processes_mentioning(text):
+    """Live processes whose command line or environment mentions ``text`` (e.g. a run dir)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            blob = (
+                Path(f"/proc/{pid}/cmdline").read_bytes()
+                + Path(f"/proc/{pid}/environ").read_bytes()
+            )
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text.encode() in blob and state != "Z" and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def rank_pids(launcher_pid):
+    children = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == launcher_pid:
+            children.append(int(pid))
+    return children
+
+
+def weights(out):
+    path = Path(out) / "checkpoints" / "checkpoint_latest.pth"
+    return torch.load(path, weights_only=True)["model_state_dict"]
+
+
+def assert_bit_identical(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture
+def no_leftovers(tmp_path):
+    yield
+    wait_for(
+        lambda: not processes_mentioning(str(tmp_path)), 20, "every process of the run to exit"
+    )
+
+
+def test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical(tmp_path, spawn, no_leftovers):
+    flags = ["--nproc", 2, "--epochs", 3, "--ckpt-every", 4]
+    straight = run(cli(tmp_path / "straight", *flags))
+    assert straight.returncode == 0, straight.stderr
+    killed = run(
+        cli(
+            tmp_path / "killed",
+            *flags,
+            "--max-restarts",
+            1,
+            "--model",
+            "tests.user_code:killed_mlp",
+        ),
+        env={"REFDDP_TEST_KILL_AT": "11"},
+    )
+    assert killed.returncode == 0, killed.stderr
+    # Killed during step 11: the restart resumes from the checkpoint at step 8 (<= ckpt_every lost).
+    assert "resumed from" in killed.stderr and "at epoch 1, step 8" in killed.stderr
+    # killed_mlp is mlp plus a hook: same parameters, so the runs must match bit for bit.
+    assert_bit_identical(weights(tmp_path / "killed"), weights(tmp_path / "straight"))
+
+
+def test_sigkill_without_restarts_fails_naming_the_rank(tmp_path, spawn, no_leftovers):
+    done = run(
+        cli(tmp_path / "run", "--nproc", 2, "--model", "tests.user_code:killed_mlp"),
+        env={"REFDDP_TEST_KILL_AT": "3"},
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training failed: ") and "rank 1 killed by SIGKILL" in last
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_the_launcher_checkpoints_and_a_rerun_finishes_identically(
+    tmp_path, spawn, no_leftovers, sig, code
+):
+    flags = [
+        "--nproc",
+        2,
+        "--epochs",
+        400,
+        "--max-steps",
+        2000,
+        "--ckpt-every",
+        50,
+        "--lr-schedule",
+        "constant",
+    ]
+    proc = start(cli(tmp_path / "run", *flags))
+    latest = tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth"
+    wait_for(latest.exists, 120, "the first checkpoint")
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 30, "the job must stop within seconds"
+    assert proc.returncode == code, stderr
+    state = torch.load(latest, weights_only=True)
+    assert 0 < state["step"] < 2000
+    assert f"stopped at step {state['step']} ({sig.name})" in stderr
+    assert "rerun the same command to resume" in stderr
+
+    rerun = run(cli(tmp_path / "run", *flags))
+    assert rerun.returncode == 0, rerun.stderr
+    straight = run(cli(tmp_path / "straight", *flags))
+    assert_bit_identical(weights(tmp_path / "run"), weights(tmp_path / "straight"))
+    assert straight.returncode == 0
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, spawn, no_leftovers):
+    proc = start(cli(tmp_path / "run", "--nproc", 2, "--epochs", 400, "--ckpt-every", 50))
+    latest = tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth"
+    wait_for(latest.exists, 120, "the first checkpoint")
+    ranks = rank_pids(proc.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[-1], signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr  # a clean, agreed stop: nothing failed
+    step = torch.load(latest, weights_only=True)["step"]
+    assert f"stopped at step {step} (SIGTERM)" in stderr
+
+
+def test_hung_data_loader_writes_every_rank_stack_and_fails(tmp_path, spawn, no_leftovers):
+    started = time.monotonic()
+    done = run(
+        cli(
+            tmp_path / "run",
+            "--nproc",
+            2,
+            "--timeout",
+            4,
+            "--data",
+            "tests.user_code:stuck_datasets",
+        )
+    )
+    assert done.returncode != 0
+    assert time.monotonic() - started < 60
+    stacks = tmp_path / "run" / "stacks"
+    assert f"stacks of hung ranks in {stacks}/" in done.stderr.strip().splitlines()[-1]
+    stuck = (stacks / "rank1.txt").read_text()
+    assert "in __getitem__" in stuck and "user_code.py" in stuck
+    waiting = (stacks / "rank0.txt").read_text()
+    assert "in _fit" in waiting, "rank 0 was blocked waiting for rank 1"
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, spawn, no_leftovers):
+    out = tmp_path / "run"
+    first = run(cli(out, "--epochs", 2, "--ckpt-every", 5))
+    assert first.returncode == 0, first.stderr
+    latest = out / "checkpoints" / "checkpoint_latest.pth"
+    latest.write_bytes(latest.read_bytes()[:1000])  # a crash mid-copy, say
+    rerun = run(cli(out, "--epochs", 3, "--ckpt-every", 5))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "checkpoint_latest.pth: corrupt or truncated checkpoint" in rerun.stderr
+    assert "resuming from the older" in rerun.stderr and "checkpoint_previous.pth" in rerun.stderr
+
+
+def test_nonfinite_loss_with_stop_policy_exits_with_one_line(tmp_path, spawn, no_leftovers):
+    done = run(
+        cli(
+            tmp_path / "run",
+            "--nproc",
+            2,
+            "--on-nonfinite",
+            "stop",
+            "--data",
+            "tests.user_code:exploding_datasets",
+        )
+    )
+    assert done.returncode == 1
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 2  # the rank's message, then the launcher's summary
+    assert "non-finite loss at step" in errors[0] and "on_nonfinite=stop" in errors[0]
+    history = tmp_path / "run" / "history.jsonl"
+    assert not history.exists() or all(json.loads(ln) for ln in history.read_text().splitlines())
