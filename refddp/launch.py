@@ -49,7 +49,7 @@ def _loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
     )
 
 
-def torchrun_args(nproc: int, max_restarts: int) -> list[str]:
+def torchrun_args(module: str, nproc: int, max_restarts: int) -> list[str]:
     return [
         "--nnodes",
         "1",
@@ -66,15 +66,15 @@ def torchrun_args(nproc: int, max_restarts: int) -> list[str]:
         "--local-addr",
         "127.0.0.1",
         "--module",
-        "refddp.train",
+        module,
     ]
 
 
-def launch(config_json: str, nproc: int, max_restarts: int, out: str) -> int:
-    """Run ``python -m refddp.train`` on ``nproc`` local ranks; the job's exit code.
+def launch(module: str, env: dict[str, str], nproc: int, max_restarts: int, out: str) -> int:
+    """Run ``python -m MODULE`` on ``nproc`` local ranks; the job's exit code.
 
-    The ranks get the config this process already resolved and checked (``config_json``),
-    so they never re-parse the command line and all agree on it.
+    Ranks get their settings through ``env`` (the trainer passes the config it already resolved
+    and checked), so they never re-parse the command line and all agree on it.
     """
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
@@ -87,8 +87,8 @@ def launch(config_json: str, nproc: int, max_restarts: int, out: str) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # The agent logs every rank failure as a multi-line banner; we report it in one line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    os.environ[CONFIG_ENV] = config_json
-    config, cmd, cmd_args = config_from_args(parse_args(torchrun_args(nproc, max_restarts)))
+    os.environ.update(env)
+    config, cmd, cmd_args = config_from_args(parse_args(torchrun_args(module, nproc, max_restarts)))
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as exc:

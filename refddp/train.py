@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if world_size == 1 and c.max_restarts == 0:
         return run_rank(c)
-    return launch(json.dumps(c.to_dict()), world_size, c.max_restarts, c.out)
+    env = {CONFIG_ENV: json.dumps(c.to_dict())}
+    return launch("refddp.train", env, world_size, c.max_restarts, c.out)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,12 @@ def scale_after_resume(out: str, **overrides) -> float:
     """The GradScaler scale a trainer starts with after resuming from ``out``."""
     trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
     return trainer.scaler.get_scale()
+
+
+def doctor_check(skip_rank: int | None = None, **overrides) -> dict | None:
+    """Run the doctor's checks on this rank; ``skip_rank`` plants a rank that never arrives."""
+    from refddp.doctor import check
+
+    if skip_rank is not None and dist.get_rank() == skip_rank:
+        return None
+    return check(tiny_config("unused", **overrides), barrier_timeout_s=2.0, repeats=2)

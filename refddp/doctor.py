@@ -1,0 +1,248 @@
+"""``python -m refddp.doctor``: the DDP debugging checklist as one command.
+
+Every rank reports in; a monitored barrier names any rank that does not arrive; all-reduce
+latency and bandwidth are measured; the shards a training config would give each rank are
+checked for emptiness, unevenness and padding. Prints a per-rank table (or ``--json``) and
+exits non-zero, with the reason, when something is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli, per_rank_batch_size
+from refddp.data import build_datasets
+from refddp.dist import init_distributed, teardown, under_torchrun
+from refddp.launch import launch
+
+ENV_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "TORCHELASTIC_RESTART_COUNT",
+)
+SIZES = (4, 4096, 1 << 20)  # float32 elements: latency-bound to bandwidth-bound
+
+
+class DoctorFailure(RuntimeError):
+    """A check that cannot go on (a rank missing at the barrier)."""
+
+
+def _rank_report(device: torch.device) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "local_rank": int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": str(device),
+        "backend": dist.get_backend(),
+        "world_size": dist.get_world_size(),
+        "threads": torch.get_num_threads(),
+        "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
+    }
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        report["gpu"] = {
+            "name": torch.cuda.get_device_name(device),
+            "memory_free_gb": free / 2**30,
+            "memory_total_gb": total / 2**30,
+        }
+    return report
+
+
+def _allreduce_timings(device: torch.device, repeats: int) -> list[dict[str, float]]:
+    rows = []
+    for size in SIZES:
+        t = torch.ones(size, device=device)
+        dist.all_reduce(t)  # warm-up: connections, buffers
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(t)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - start) / repeats
+        n = dist.get_world_size()
+        # Bus bandwidth: the bytes each rank moves in a ring all-reduce, per second.
+        bus = 2 * (n - 1) / n * size * 4 / seconds if n > 1 else 0.0
+        rows.append({"elements": size, "latency_ms": seconds * 1e3, "bus_gb_per_s": bus / 1e9})
+    return rows
+
+
+def _shard_report(c: TrainConfig) -> dict[str, Any]:
+    """What the trainer's samplers would give every rank for this config."""
+    world = dist.get_world_size()
+    train, val = build_datasets(c)
+    n_train, n_val = len(train), len(val)  # type: ignore[arg-type]
+    batch = per_rank_batch_size(c, world)
+    global_batch = batch * world * c.grad_accum
+    steps = n_train // global_batch
+    val_counts = [len(range(r, n_val, world)) for r in range(world)]
+    plain_sampler_padding = (-n_train) % world  # what a default DistributedSampler would repeat
+    problems = []
+    if steps == 0:
+        problems.append(
+            f"the {n_train} training samples do not fill one global batch of "
+            f"{global_batch}: every rank would have an empty shard"
+        )
+    if min(val_counts) == 0:
+        problems.append(f"validation set of {n_val} leaves {val_counts.count(0)} rank(s) empty")
+    return {
+        "train_samples": n_train,
+        "val_samples": n_val,
+        "per_rank_batch": batch,
+        "global_batch": global_batch,
+        "steps_per_epoch": steps,
+        "train_samples_per_rank": steps * batch * c.grad_accum,
+        "train_samples_dropped_per_epoch": n_train - steps * global_batch,
+        "val_samples_per_rank": val_counts,
+        "plain_distributed_sampler_padding": plain_sampler_padding,
+        "problems": problems,
+    }
+
+
+def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, Any]:
+    """Run every check on this rank; the gathered result is complete on every rank."""
+    ctx = init_distributed(c.device, timeout_s=max(barrier_timeout_s * 4, 60))
+    device = torch.device(ctx.device)
+    problems: list[str] = []
+    try:
+        # Names the ranks that do not arrive, instead of hanging like a plain barrier.
+        dist.monitored_barrier(
+            timeout=datetime.timedelta(seconds=barrier_timeout_s), wait_all_ranks=True
+        )
+    except RuntimeError as exc:
+        raise DoctorFailure(f"barrier failed: {str(exc).strip().splitlines()[0]}") from None
+    reports: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(reports, _rank_report(device))
+    timings = _allreduce_timings(device, repeats)
+    shards = _shard_report(c)
+    problems += shards["problems"]
+    hosts = {r["host"] for r in reports}
+    if c.device != "cpu" and torch.cuda.is_available():
+        devices = [(r["host"], r["device"]) for r in reports]
+        if len(set(devices)) < len(devices):
+            problems.append("several ranks share one GPU")
+    result = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "hosts": sorted(hosts),
+        "ranks": reports,
+        "all_reduce": timings,
+        "shards": shards,
+        "problems": problems,
+    }
+    teardown()
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"world size {result['world_size']}, backend {result['backend']}, "
+        f"hosts {', '.join(result['hosts'])}",
+        "",
+        f"{'rank':>4} {'local':>5} {'host':<16} {'pid':>8} {'device':<8} {'threads':>7}  gpu",
+    ]
+    for r in result["ranks"]:
+        gpu = r.get("gpu")
+        gpu_text = (
+            f"{gpu['name']} {gpu['memory_free_gb']:.1f}/{gpu['memory_total_gb']:.1f} GiB free"
+            if gpu
+            else "-"
+        )
+        lines.append(
+            f"{r['rank']:>4} {r['local_rank']:>5} {r['host'][:16]:<16} {r['pid']:>8} "
+            f"{r['device']:<8} {r['threads']:>7}  {gpu_text}"
+        )
+    lines += ["", "all_reduce (float32):"]
+    for row in result["all_reduce"]:
+        lines.append(
+            f"  {row['elements']:>9} elements  {row['latency_ms']:8.3f} ms  "
+            f"{row['bus_gb_per_s']:8.3f} GB/s bus"
+        )
+    s = result["shards"]
+    lines += [
+        "",
+        f"shards: {s['train_samples']} train samples, global batch {s['global_batch']} "
+        f"({s['per_rank_batch']} per rank), {s['steps_per_epoch']} steps per epoch, "
+        f"{s['train_samples_per_rank']} samples per rank, "
+        f"{s['train_samples_dropped_per_epoch']} dropped per epoch",
+        f"        validation per rank: {s['val_samples_per_rank']} (no padding); a plain "
+        f"DistributedSampler would pad {s['plain_distributed_sampler_padding']} duplicate(s)",
+    ]
+    env = result["ranks"][0]["env"]
+    lines += ["", "environment (rank 0): " + (", ".join(f"{k}={v}" for k, v in env.items()) or "-")]
+    lines += [""] + ([f"PROBLEM: {p}" for p in result["problems"]] or ["OK: no problems found"])
+    return "\n".join(lines)
+
+
+ARGV_ENV = "REFDDP_DOCTOR_ARGV"  # the launcher's command line, as JSON, for its ranks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m refddp.doctor", description=__doc__)
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=0,
+        help="local ranks to start (default: one per GPU, else 2); ignored under torchrun",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--barrier-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for every rank at the first barrier",
+    )
+    parser.add_argument("--repeats", type=int, default=20, help="all-reduces timed per size")
+    parser.add_argument(
+        "--config",
+        help="training YAML whose data/batch settings to check; "
+        "training flags (--batch-size, --data, ...) work too",
+    )
+    if argv is None:
+        argv = json.loads(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else sys.argv[1:]
+    args, rest = parser.parse_known_args(argv)
+    try:
+        cli, _ = parse_cli(rest)
+        c = merge(cli, load_yaml(args.config) if args.config else {})
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not under_torchrun():
+        nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+        return launch("refddp.doctor", {ARGV_ENV: json.dumps(argv)}, nproc, 0, c.out)
+    try:
+        result = check(c, args.barrier_timeout, args.repeats)
+    except DoctorFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if result["rank"] == 0:
+        print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 1 if result["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

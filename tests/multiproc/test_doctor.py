@@ -1,0 +1,74 @@
+"""`python -m refddp.doctor`: every rank reports in, a missing rank is named, bad shards flagged."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from refddp.doctor import format_table
+from refddp.testing import RankFailure, RankTimeout
+from tests.rank_tasks import doctor_check
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_rank_reports_in_with_timings_and_shards(spawn):
+    results = spawn(doctor_check)
+    assert [r["rank"] for r in results] == [0, 1]
+    report = results[0]
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert len({r["pid"] for r in report["ranks"]}) == 2
+    assert all(row["latency_ms"] > 0 for row in report["all_reduce"])
+    assert report["shards"]["val_samples_per_rank"] == [19, 18]
+    assert report["problems"] == []
+    table = format_table(report)
+    assert "OK: no problems found" in table and "all_reduce (float32)" in table
+
+
+def test_a_rank_that_never_arrives_is_named_not_waited_for(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(doctor_check, 1, timeout=60)
+    assert not isinstance(info.value, RankTimeout)
+    assert "DoctorFailure: barrier failed" in info.value.failures[0]
+    assert "Ranks 1 failed to pass monitoredBarrier in 2000 ms" in info.value.failures[0]
+
+
+def test_empty_shards_are_a_problem(spawn):
+    report = spawn(doctor_check, train_size=5, val_size=1, batch_size=4)[0]
+    assert any("do not fill one global batch of 8" in p for p in report["problems"])
+    assert any("leaves 1 rank(s) empty" in p for p in report["problems"])
+
+
+def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
+    ok = subprocess.run(
+        [sys.executable, "-m", "refddp.doctor", "--nproc", "2", "--json", "--repeats", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["world_size"] == 2
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "refddp.doctor",
+            "--nproc",
+            "2",
+            "--repeats",
+            "2",
+            "--train-size",
+            "3",
+            "--batch-size",
+            "2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1
+    assert "PROBLEM: the 3 training samples do not fill one global batch of 4" in bad.stdout
