@@ -87,11 +87,28 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
 _owns_group = False
 
 
-def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistContext:
+def enable_nccl_flight_recorder(dump_dir: str) -> None:
+    """Make an NCCL timeout dump every rank's recent collectives instead of only freezing.
+
+    Must run before the NCCL group is created (torch reads these when it builds the group).
+    """
+    os.makedirs(dump_dir, exist_ok=True)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # fail, don't hang, on error
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # collectives remembered
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault(
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_")
+    )
+
+
+def init_distributed(
+    device: str = "auto", timeout_s: float = 300.0, trace_dir: str | None = None
+) -> DistContext:
     """Join the job's process group and say where this rank runs.
 
     Under torchrun: env://. Already initialised (a test harness, a user's own set-up): use
-    that group. Otherwise: a one-rank group in this process.
+    that group. Otherwise: a one-rank group in this process. On CUDA, ``trace_dir`` receives
+    NCCL flight-recorder dumps if a collective times out.
     """
     global _owns_group
     if dist.is_initialized():
@@ -106,6 +123,8 @@ def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistCont
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+        if trace_dir:
+            enable_nccl_flight_recorder(trace_dir)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         if under_torchrun():

@@ -101,13 +101,16 @@ def run_rank(c: TrainConfig) -> int:
     """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
     from refddp.trainer import NonFiniteLoss, Trainer, run_eval, run_predict
 
-    ctx = init_distributed(c.device, c.timeout + 60)  # the watchdog (c.timeout) fires first
+    stacks_dir = os.path.join(c.out, "stacks")
+    # The hang watchdog (c.timeout) fires before the collective timeout does.
+    ctx = init_distributed(c.device, c.timeout + 60, trace_dir=stacks_dir)
     setup_logging(ctx.rank, c.log_all_ranks)
     if c.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(c.seed + ctx.rank)
     started = time.perf_counter()
-    stacks = os.path.join(c.out, "stacks", f"rank{ctx.rank}.txt")
+    stacks = os.path.join(stacks_dir, f"rank{ctx.rank}.txt")
     try:
         with HangWatchdog(stacks, c.timeout) as watchdog:
             if c.task == "train":

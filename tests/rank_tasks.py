@@ -80,3 +80,22 @@ def doctor_check(skip_rank: int | None = None, **overrides) -> dict | None:
     if skip_rank is not None and dist.get_rank() == skip_rank:
         return None
     return check(tiny_config("unused", **overrides), barrier_timeout_s=2.0, repeats=2)
+
+
+def nccl_gradients() -> torch.Tensor:
+    """Flattened DDP gradients after one backward on this rank's GPU (different data per rank)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    ddp = DDP(model.to(device), device_ids=[device.index], bucket_cap_mb=0.01)
+    torch.manual_seed(1 + dist.get_rank())
+    ddp(torch.randn(16, 64, device=device)).sum().backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]).cpu()
+
+
+def nccl_rank_sum() -> float:
+    t = torch.tensor([float(dist.get_rank() + 1)], device="cuda")
+    dist.all_reduce(t)
+    return t.item()

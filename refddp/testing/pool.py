@@ -60,6 +60,11 @@ class RankPool:
         env["PYTHONUNBUFFERED"] = "1"
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        if backend == "nccl":
+            # An NCCL watchdog timeout then dumps each rank's recent collectives here.
+            env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+            env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(self.workdir, "nccl_trace_rank_")
         prefix = uuid.uuid4().hex
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []

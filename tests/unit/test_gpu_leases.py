@@ -1,0 +1,54 @@
+"""GPU leases: concurrent test workers get disjoint devices; too few GPUs means skip, not wait."""
+
+import subprocess
+import sys
+
+import pytest
+
+from refddp.testing import gpus
+
+LEASE_AND_REPORT = """
+import sys
+from refddp.testing import gpus
+gpus.visible_gpu_count = lambda: 4
+gpus.LOCK_DIR = sys.argv[1]
+with gpus.GpuLease(2, timeout_s=30) as lease:
+    print(",".join(map(str, lease.devices)), flush=True)
+    sys.stdin.readline()  # hold the lease until the parent has seen both workers' devices
+"""
+
+
+def test_two_workers_lease_disjoint_gpus(tmp_path):
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", LEASE_AND_REPORT, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        leased = [set(map(int, w.stdout.readline().split(","))) for w in workers]
+    finally:
+        for w in workers:
+            w.communicate("\n", timeout=30)
+    assert all(len(devices) == 2 for devices in leased)
+    assert leased[0].isdisjoint(leased[1])
+
+
+def test_busy_gpus_time_out_with_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 1)
+    monkeypatch.setattr(gpus, "LOCK_DIR", str(tmp_path))
+    with (
+        gpus.GpuLease(1, timeout_s=5),
+        pytest.raises(TimeoutError, match="could not lease 1 of 1 GPUs"),
+    ):
+        with gpus.GpuLease(1, timeout_s=0.3):
+            pass
+
+
+def test_too_few_gpus_is_a_skip_reason_naming_both_counts(monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 1)
+    assert gpus.gpu_skip_reason(2) == "needs 2 CUDA GPU(s) with NCCL, found 1"
+    assert gpus.gpu_skip_reason(1) is None
