@@ -58,7 +58,7 @@ def torchrun_args(module: str, nproc: int, max_restarts: int) -> list[str]:
         "--max-restarts",
         str(max_restarts),
         "--monitor-interval",
-        "0.2",
+        "0.1",
         "--rdzv-backend",
         LOOPBACK_BACKEND,
         "--rdzv-endpoint",

@@ -70,14 +70,18 @@ def preflight(c: TrainConfig, world_size: int) -> None:
             f"found {torch.cuda.device_count()}"
         )
     batch = per_rank_batch_size(c, world_size)
-    train, val = build_datasets(c)
+    if c.data == "synthetic":  # nothing to check but sizes; the ranks generate it
+        n_train, n_val = c.train_size, c.val_size
+    else:
+        train, val = build_datasets(c)  # load it here: a bad file fails before any rank starts
+        n_train, n_val = len(train), len(val)  # type: ignore[arg-type]
     global_batch = batch * world_size * c.grad_accum
-    if c.task == "train" and len(train) < global_batch:  # type: ignore[arg-type]
+    if c.task == "train" and n_train < global_batch:
         raise ConfigError(
-            f"data: {len(train)} training samples for {world_size} rank(s) do not fill one global "  # type: ignore[arg-type]
+            f"data: {n_train} training samples for {world_size} rank(s) do not fill one global "
             f"batch of {global_batch}; lower batch_size or use more data"
         )
-    if c.task != "train" and len(val) == 0:  # type: ignore[arg-type]
+    if c.task != "train" and n_val == 0:
         raise ConfigError("data: the validation set is empty")
     with torch.device("meta"):
         model = build_model(c)

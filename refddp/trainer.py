@@ -220,6 +220,7 @@ class Trainer:
             self.model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=c.find_unused_parameters,
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
         )
         self.forward = torch.compile(self.ddp) if c.compile else self.ddp
 
@@ -289,11 +290,11 @@ class Trainer:
 
     def evaluate_and_record(self, train_loss: torch.Tensor, window: dict[str, float]) -> bool:
         """Evaluate, log, append to history; True if this is the best validation loss so far."""
+        elapsed = max(time.perf_counter() - window["start"], 1e-9)  # training time only
         if self.model_has_buffers:
             sync_buffers(self.model)
         metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog)
         dist.all_reduce(train_loss)  # [sum of step losses, steps] over ranks
-        elapsed = max(time.perf_counter() - window["start"], 1e-9)
         record = {
             "epoch": self.pos.epoch,
             "step": self.pos.step,
@@ -387,7 +388,9 @@ class Trainer:
             )
             batches = iter(loader)
             epoch_end = (pos.epoch + 1) * self.sampler.steps_per_epoch
-            while pos.step < min(epoch_end, self.total_steps):
+            # The epoch's (or the run's) last step is evaluated and saved after this loop.
+            last_step = min(epoch_end, self.total_steps)
+            while pos.step < last_step:
                 step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
                 for micro in range(c.grad_accum):
                     waited = time.perf_counter()
@@ -449,7 +452,7 @@ class Trainer:
                 if c.stop_after and steps_this_run >= c.stop_after:
                     stop_signal = -1
                     break
-                if c.eval_every and pos.step % c.eval_every == 0 and pos.step < epoch_end:
+                if c.eval_every and pos.step % c.eval_every == 0 and pos.step < last_step:
                     is_best = self.evaluate_and_record(train_loss, window)
                     train_loss.zero_()
                     window = {
@@ -459,7 +462,7 @@ class Trainer:
                         "data_wait": 0.0,
                     }
                     self.save(is_best)
-                elif c.ckpt_every and pos.step % c.ckpt_every == 0 and pos.step < epoch_end:
+                elif c.ckpt_every and pos.step % c.ckpt_every == 0 and pos.step < last_step:
                     self.save()
             del batches, loader
             if stop_signal is not None:

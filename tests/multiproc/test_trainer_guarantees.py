@@ -147,3 +147,12 @@ def test_config_error_inside_a_rank_is_a_config_error(spawn, tmp_path):
         spawn(fit, str(tmp_path), train_size=4, batch_size=4, world_size=2)
     assert "do not fill one global batch of 8" in info.value.failures[0]
     assert ConfigError.__name__ in info.value.failures[0]
+
+
+def test_each_step_is_evaluated_once_when_eval_every_divides_max_steps(spawn, tmp_path):
+    spawn(fit, str(tmp_path), max_steps=8, eval_every=4, epochs=5)
+    import json
+
+    history = [json.loads(ln) for ln in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [4, 8]
+    assert all(h["samples_per_s"] > 0 for h in history)
