@@ -1,17 +1,16 @@
 """Repo-only fixtures. The harness itself (spawn, dist_ctx, markers) comes from the refddp
 pytest plugin, loaded through its entry point."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-pytest_plugins = ["pytester"]
+from tests import cli_runs
+from tests.cli_runs import train_command
 
-REPO = Path(__file__).resolve().parent
+pytest_plugins = ["pytester"]
 
 
 class CliRun:
@@ -42,22 +41,8 @@ def run_cli(tmp_path, spawn):
 
     def run(*args, out="run", check=True, timeout=240, env=None, **flags):
         out_dir = tmp_path / out
-        cmd = [sys.executable, "-m", "refddp.train", "--no-progress", "--out", str(out_dir)]
-        cmd += [str(a) for a in args]
-        for key, value in flags.items():
-            flag = key.replace("_", "-")
-            if isinstance(value, bool):
-                cmd.append(f"--{flag}" if value else f"--no-{flag}")
-            else:
-                cmd += [f"--{flag}", str(value)]
-        proc = subprocess.run(
-            cmd,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        )
+        cmd = train_command(out_dir, *args, **flags)
+        proc = cli_runs.run(cmd, env=env, timeout=timeout)
         if check and proc.returncode != 0:
             pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
         return CliRun(proc, out_dir)

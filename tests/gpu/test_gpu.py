@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from refddp.testing.gpus import gpu_skip_reason
+from tests.cli_runs import REPO
 from tests.rank_tasks import nccl_gradients, nccl_rank_sum
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu
 
 TINY = [

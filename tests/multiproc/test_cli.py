@@ -5,15 +5,13 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 import refddp
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli_runs import REPO
 
 
 def assert_same_weights(a, b, rtol=0.0, atol=0.0):

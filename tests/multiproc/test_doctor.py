@@ -3,15 +3,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from refddp.doctor import format_table
 from refddp.testing import RankFailure, RankTimeout
+from tests.cli_runs import REPO
 from tests.rank_tasks import doctor_check
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_rank_reports_in_with_timings_and_shards(spawn):

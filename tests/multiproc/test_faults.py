@@ -3,15 +3,14 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli_runs import run, start, train_command
+
 TINY = [
     "--train-size",
     "96",
@@ -26,34 +25,11 @@ TINY = [
     "--dtype",
     "float64",
     "--deterministic",
-    "--no-progress",
 ]
 
 
 def cli(out, *args):
-    return [sys.executable, "-m", "refddp.train", "--out", str(out), *TINY, *map(str, args)]
-
-
-def run(cmd, env=None, timeout=240):
-    return subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
-
-
-def start(cmd):
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    return train_command(out, *TINY, *args)
 
 
 def wait_for(predicate, deadline_s, what):

@@ -10,11 +10,10 @@ from refddp import checkpoint as ckpt
 from refddp.config import TrainConfig
 from refddp.models import build_model
 from refddp.train import main
+from tests.cli_runs import REPO
 
-REPO = __file__.rsplit("/tests/", 1)[0]
 
-
-def fails_with(capsys, argv, expected):
+def expect_usage_error(capsys, argv, expected):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
@@ -45,20 +44,20 @@ def fails_with(capsys, argv, expected):
     ],
 )
 def test_bad_flags(capsys, tmp_path, argv, expected):
-    fails_with(capsys, [*argv, "--out", str(tmp_path / "run")], expected)
+    expect_usage_error(capsys, [*argv, "--out", str(tmp_path / "run")], expected)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_yaml_typo_names_the_key_and_the_file(capsys, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text("lerning_rate: 0.1\n")
-    fails_with(capsys, ["--config", str(config)], f"{config}: unknown key 'lerning_rate'")
+    expect_usage_error(capsys, ["--config", str(config)], f"{config}: unknown key 'lerning_rate'")
 
 
 def test_data_file_with_wrong_shapes(capsys, tmp_path):
     path = tmp_path / "d.pt"
     torch.save({"x": torch.randn(20, 3), "y": torch.zeros(20, dtype=torch.int64)}, path)
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--data", str(path), "--out", str(tmp_path)],
         "must be a float tensor of shape (N, input_dim=32), got float32 (18, 3)",
@@ -66,7 +65,7 @@ def test_data_file_with_wrong_shapes(capsys, tmp_path):
 
 
 def test_resume_path_that_does_not_exist(capsys, tmp_path):
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--resume", str(tmp_path / "gone.pth")],
         f"resume: checkpoint not found: {tmp_path}/gone.pth",
@@ -87,7 +86,7 @@ def test_checkpoint_of_a_different_model_names_the_keys(capsys, tmp_path):
     }
     path = tmp_path / "cnn.pth"
     torch.save(state, path)
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--resume", str(path), "--out", str(tmp_path / "r")],
         "does not fit this model; missing keys: net.0.weight",
@@ -95,7 +94,7 @@ def test_checkpoint_of_a_different_model_names_the_keys(capsys, tmp_path):
 
 
 def test_eval_without_a_checkpoint(capsys, tmp_path):
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--task", "eval", "--out", str(tmp_path)],
         "--task eval needs --resume PATH or a trained --out",
@@ -105,7 +104,7 @@ def test_eval_without_a_checkpoint(capsys, tmp_path):
 def test_corrupt_latest_checkpoint_without_fallback(capsys, tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / ckpt.LATEST).write_bytes(b"PK\x03\x04 truncated")
-    fails_with(
+    expect_usage_error(
         capsys, ["--out", str(tmp_path)], "checkpoint_latest.pth: corrupt or truncated checkpoint"
     )
 
@@ -113,7 +112,7 @@ def test_corrupt_latest_checkpoint_without_fallback(capsys, tmp_path):
 def test_unwritable_run_directory(capsys, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--out", str(blocker / "run")],
         f"out: cannot write to run directory {blocker}/run: Not a directory",
@@ -123,7 +122,7 @@ def test_unwritable_run_directory(capsys, tmp_path):
 def test_more_ranks_than_gpus_with_nccl(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    fails_with(
+    expect_usage_error(
         capsys,
         ["--device", "cuda", "--nproc", "2", "--out", str(tmp_path)],
         "nproc: 2 ranks need 2 GPUs with NCCL, found 1",
