@@ -27,8 +27,9 @@ from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
-from refddp.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
+from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
+from refddp.evaluation import autocast, evaluate
 from refddp.models import build_model, count_parameters
 
 log = logging.getLogger("refddp")
@@ -84,12 +85,6 @@ class Position:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def autocast(c: TrainConfig, device: torch.device) -> Any:
-    if c.amp == "off":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=torch.float16 if c.amp == "fp16" else torch.bfloat16)
-
-
 def lr_factor(c: TrainConfig, total_steps: int) -> Any:
     def factor(step: int) -> float:
         if step < c.warmup_steps:
@@ -120,35 +115,6 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, dataset: Any, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None
-) -> dict[str, float]:
-    """Loss and accuracy over every validation sample exactly once, at any world size."""
-    device = torch.device(ctx.device)
-    model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    sampler = ShardSampler(len(dataset), ctx.world_size, ctx.rank)
-    loader = make_loader(dataset, sampler, c.batch_size, c, device.type == "cuda", c.seed)
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(c, device):
-            logits = model(x)
-        # Half-precision (AMP) logits are upcast for the loss; float64 ones stay float64.
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
-        sums[1] += (logits.argmax(dim=1) == y).sum()
-        sums[2] += len(y)
-        if watchdog:
-            watchdog.progress()
-    dist.all_reduce(sums)  # sums and counts, not means: exact with uneven shards
-    model.train(was_training)
-    loss, correct, count = sums.tolist()
-    return {"val_loss": loss / count, "val_acc": correct / count, "num_samples": int(count)}
 
 
 def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
@@ -487,58 +453,3 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "metrics": pos.metrics,
         }
-
-
-def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:
-    """The model with the weights of the checkpoint ``resume`` names, for eval and predict."""
-    path = ckpt.find_resume_checkpoint(c)
-    if path is None:
-        raise ckpt.CheckpointError(
-            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
-            f"--task {c.task} needs --resume PATH or a trained --out"
-        )
-    model = build_model(c)
-    ckpt.load_model_weights(model, ckpt.load_checkpoint(path), path)
-    return model.to(ctx.device), path
-
-
-def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
-    model, path = load_for_inference(c, ctx)
-    _, val = build_datasets(c)
-    metrics = evaluate(model, val, c, ctx, None)
-    result = {**metrics, "checkpoint": path}
-
-    def write() -> None:
-        with open(os.path.join(c.out, "eval.json"), "w") as f:
-            json.dump(result, f, indent=2)
-
-    rank0_then_meet(write)
-    return result
-
-
-@torch.no_grad()
-def run_predict(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
-    """Predict the validation set; rank 0 writes every sample's prediction, in dataset order."""
-    model, path = load_for_inference(c, ctx)
-    model.eval()
-    _, val = build_datasets(c)
-    sampler = ShardSampler(len(val), ctx.world_size, ctx.rank)
-    loader = make_loader(val, sampler, c.batch_size, c, False, c.seed)
-    logits = [model(x.to(ctx.device)).float().cpu() for x, _ in loader]
-    local = (
-        torch.tensor(list(sampler.indices), dtype=torch.int64),
-        torch.cat(logits) if logits else torch.empty(0, c.num_classes),
-    )
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, local)
-    index = torch.cat([g[0] for g in gathered])
-    order = index.argsort()
-    all_logits = torch.cat([g[1] for g in gathered])[order]
-    result = {
-        "index": index[order],
-        "logits": all_logits,
-        "prediction": all_logits.argmax(1),
-        "checkpoint": path,
-    }
-    rank0_then_meet(lambda: torch.save(result, os.path.join(c.out, "predictions.pt")))
-    return {"num_samples": len(index), "checkpoint": path}

@@ -9,8 +9,9 @@ from torch import nn
 from refddp.checkpoint import unwrap
 from refddp.config import TrainConfig
 from refddp.dist import init_distributed
+from refddp.evaluation import evaluate
 from refddp.testing import record_collectives
-from refddp.trainer import Trainer, evaluate
+from refddp.trainer import Trainer
 
 # Small, float64, deterministic: tight tolerances mean something.
 TINY = dict(

@@ -52,7 +52,6 @@ class RankPool:
         )
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
         self.sound = True
-        self._tasks = 0
         self._store = loopback_store()
         env = dict(os.environ)
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if debug else "OFF"
@@ -138,7 +137,6 @@ class RankPool:
         modules = [(n, getattr(sys.modules.get(n), "__file__", None)) for n in module_names]
         task = {"payload": payload, "sys_path": list(sys.path), "modules": modules}
         offsets = [self._out_size(r) for r in range(self.world_size)]
-        self._tasks += 1
         for conn in self.conns:
             conn.send(("run", task))
 

@@ -1,0 +1,114 @@
+"""Evaluation and prediction: every sample exactly once, at any world size.
+
+Each rank runs the plain model (no DDP wrapper, so no collectives while shards differ in
+length) over its unpadded shard; sums and counts then meet in one all-reduce (eval) or one
+gather (predict).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from refddp import checkpoint as ckpt
+from refddp.config import TrainConfig
+from refddp.data import ShardSampler, build_datasets, make_loader
+from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
+from refddp.models import build_model
+
+
+def autocast(c: TrainConfig, device: torch.device) -> Any:
+    if c.amp == "off":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if c.amp == "fp16" else torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Any, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None
+) -> dict[str, float]:
+    """Loss and accuracy over every validation sample exactly once, at any world size."""
+    device = torch.device(ctx.device)
+    model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    sampler = ShardSampler(len(dataset), ctx.world_size, ctx.rank)
+    loader = make_loader(dataset, sampler, c.batch_size, c, device.type == "cuda", c.seed)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(c, device):
+            logits = model(x)
+        # Half-precision (AMP) logits are upcast for the loss; float64 ones stay float64.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        sums[1] += (logits.argmax(dim=1) == y).sum()
+        sums[2] += len(y)
+        if watchdog:
+            watchdog.progress()
+    dist.all_reduce(sums)  # sums and counts, not means: exact with uneven shards
+    model.train(was_training)
+    loss, correct, count = sums.tolist()
+    return {"val_loss": loss / count, "val_acc": correct / count, "num_samples": int(count)}
+
+
+def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:
+    """The model with the weights of the checkpoint ``resume`` names, for eval and predict."""
+    path = ckpt.find_resume_checkpoint(c)
+    if path is None:
+        raise ckpt.CheckpointError(
+            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
+            f"--task {c.task} needs --resume PATH or a trained --out"
+        )
+    model = build_model(c)
+    ckpt.load_model_weights(model, ckpt.load_checkpoint(path), path)
+    return model.to(ctx.device), path
+
+
+def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    model, path = load_for_inference(c, ctx)
+    _, val = build_datasets(c)
+    metrics = evaluate(model, val, c, ctx, None)
+    result = {**metrics, "checkpoint": path}
+
+    def write() -> None:
+        with open(os.path.join(c.out, "eval.json"), "w") as f:
+            json.dump(result, f, indent=2)
+
+    rank0_then_meet(write)
+    return result
+
+
+@torch.no_grad()
+def run_predict(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    """Predict the validation set; rank 0 writes every sample's prediction, in dataset order."""
+    model, path = load_for_inference(c, ctx)
+    model.eval()
+    _, val = build_datasets(c)
+    sampler = ShardSampler(len(val), ctx.world_size, ctx.rank)
+    loader = make_loader(val, sampler, c.batch_size, c, False, c.seed)
+    logits = [model(x.to(ctx.device)).float().cpu() for x, _ in loader]
+    local = (
+        torch.tensor(list(sampler.indices), dtype=torch.int64),
+        torch.cat(logits) if logits else torch.empty(0, c.num_classes),
+    )
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, local)
+    index = torch.cat([g[0] for g in gathered])
+    order = index.argsort()
+    all_logits = torch.cat([g[1] for g in gathered])[order]
+    result = {
+        "index": index[order],
+        "logits": all_logits,
+        "prediction": all_logits.argmax(1),
+        "checkpoint": path,
+    }
+    rank0_then_meet(lambda: torch.save(result, os.path.join(c.out, "predictions.pt")))
+    return {"num_samples": len(index), "checkpoint": path}
