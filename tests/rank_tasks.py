@@ -100,3 +100,13 @@ def nccl_rank_sum() -> float:
     t = torch.tensor([float(dist.get_rank() + 1)], device="cuda")
     dist.all_reduce(t)
     return t.item()
+
+
+def first_update_norm(out: str, **overrides) -> float:
+    """Norm of the parameter change made by one optimizer step of the real trainer."""
+    c = tiny_config(out, **overrides)
+    trainer = Trainer(c, init_distributed("cpu"))
+    before = torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
+    trainer.fit()
+    after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    return float((after - before).norm())

@@ -221,3 +221,43 @@ def test_nonfinite_loss_with_stop_policy_exits_with_one_line(tmp_path, spawn, no
     assert "non-finite loss at step" in errors[0] and "on_nonfinite=stop" in errors[0]
     history = tmp_path / "run" / "history.jsonl"
     assert not history.exists() or all(json.loads(ln) for ln in history.read_text().splitlines())
+
+
+def listening_addresses(pids):
+    """The local addresses of TCP sockets in LISTEN state held open by ``pids``."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                host = address.split(":")[0]
+                if width == 8:
+                    host = ".".join(str(int(host[i : i + 2], 16)) for i in (6, 4, 2, 0))
+                found.append(host)
+    return found
+
+
+def test_a_local_run_listens_on_loopback_only(tmp_path, spawn, no_leftovers):
+    proc = start(cli(tmp_path / "run", "--nproc", 2, "--epochs", 400, "--ckpt-every", 50))
+    try:
+        wait_for(
+            (tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth").exists,
+            120,
+            "training to be under way",
+        )
+        addresses = listening_addresses([proc.pid, *rank_pids(proc.pid)])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert len(addresses) >= 3, "rendezvous store, ranks' store and gloo listeners"
+    assert set(addresses) == {"127.0.0.1"}, addresses

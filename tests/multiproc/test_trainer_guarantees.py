@@ -11,6 +11,7 @@ from refddp.models import build_model
 from refddp.testing import RankFailure, RankTimeout
 from tests.rank_tasks import (
     eval_model,
+    first_update_norm,
     fit,
     fit_recording_collectives,
     scale_after_resume,
@@ -156,3 +157,24 @@ def test_each_step_is_evaluated_once_when_eval_every_divides_max_steps(spawn, tm
     history = [json.loads(ln) for ln in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [4, 8]
     assert all(h["samples_per_s"] > 0 for h in history)
+
+
+@pytest.mark.parametrize("amp", ["off", "fp16"])
+def test_gradient_clipping_bounds_the_true_gradient_under_amp(spawn, tmp_path, amp):
+    # Plain SGD with lr 1: one clipped step moves the weights by exactly grad_clip. Clipping the
+    # fp16-scaled gradient without unscaling first would move them 65536 times less.
+    moved = spawn(
+        first_update_norm,
+        str(tmp_path),
+        world_size=1,
+        amp=amp,
+        dtype="float32",
+        optimizer="sgd",
+        momentum=0.0,
+        lr=1.0,
+        lr_schedule="constant",
+        grad_clip=0.01,
+        max_steps=1,
+        epochs=1,
+    )[0]
+    assert moved == pytest.approx(0.01, rel=1e-3)
