@@ -181,11 +181,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     __tracebackhide__ = True
     kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    world_size = pyfuncitem.funcargs.get("_refddp_world_size", DEFAULT_WORLD_SIZE)
-    if "_refddp_world_size" not in pyfuncitem.funcargs:
-        callspec = getattr(pyfuncitem, "callspec", None)
-        world_size = (
-            callspec.params.get("_refddp_world_size", world_size) if callspec else world_size
-        )
+    world_size = pyfuncitem.funcargs["_refddp_world_size"]  # an autouse fixture: always there
     _run_on_ranks(pyfuncitem, pyfuncitem.obj, (), kwargs, world_size, None, None)
     return True

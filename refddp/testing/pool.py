@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -44,12 +43,7 @@ class RankPool:
     ):
         from refddp.dist import loopback_store
 
-        self.world_size, self.backend, self.debug, self.devices = (
-            world_size,
-            backend,
-            debug,
-            devices,
-        )
+        self.world_size, self.backend = world_size, backend
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
         self.sound = True
         self._store = loopback_store()
@@ -64,7 +58,6 @@ class RankPool:
             env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
             env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
             env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(self.workdir, "nccl_trace_rank_")
-        prefix = uuid.uuid4().hex
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         for rank in range(world_size):
@@ -84,8 +77,6 @@ class RankPool:
                 backend,
                 "--store-port",
                 str(self._store.port),
-                "--prefix",
-                prefix,
                 "--workdir",
                 self.workdir,
             ]
@@ -102,7 +93,6 @@ class RankPool:
             theirs.close()
             self.procs.append(proc)
             self.conns.append(Connection(ours.detach()))
-        self.pids = [0] * world_size
         replies = self._collect(range(world_size), time.monotonic() + start_timeout_s)
         errors = {r: m[1] for r, m in replies.items() if m[0] != "ready"}
         missing = set(range(world_size)) - set(replies)
@@ -110,8 +100,6 @@ class RankPool:
             self.close()
             failures = {**errors, **{r: "did not start in time" for r in missing}}
             raise RankFailure(self._report("pool failed to start", failures, {}), failures)
-        for rank, message in replies.items():
-            self.pids[rank] = message[1]
 
     # -- running tasks -----------------------------------------------------------------------
 
@@ -235,7 +223,7 @@ class RankPool:
         before = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
         for r in ranks:
             try:
-                os.kill(self.pids[r] or self.procs[r].pid, signal.SIGUSR1)
+                os.kill(self.procs[r].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
         deadline, last = time.monotonic() + 2.0, None

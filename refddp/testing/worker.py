@@ -5,7 +5,7 @@ private socket until told to stop or until its parent dies. The driver set this 
 environment (``TORCH_DISTRIBUTED_DEBUG`` among it) before start, since torch reads it on import.
 
 Messages, driver -> rank: ``("run", task)``, ``("stop",)``.
-Rank -> driver: ``("ready", pid)``, ``("ok", result_bytes, health)``, ``("error", text, health)``,
+Rank -> driver: ``("ready",)``, ``("ok", result_bytes, health)``, ``("error", text, health)``,
 ``("skip", reason, health)``, ``("init_error", text)``.
 """
 
@@ -105,14 +105,11 @@ def _init_group(args: argparse.Namespace) -> DistContext:
         # The driver restricted CUDA_VISIBLE_DEVICES to this pool's leased GPUs, in rank order.
         torch.cuda.set_device(args.rank)
         device = f"cuda:{args.rank}"
-    store = dist.PrefixStore(
-        args.prefix,
-        dist.TCPStore(
-            "127.0.0.1",
-            args.store_port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=args.init_timeout),
-        ),
+    store = dist.TCPStore(  # this pool's own store: its keys are the pool's alone
+        "127.0.0.1",
+        args.store_port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=args.init_timeout),
     )
     detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
     if detail:
@@ -140,7 +137,6 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--backend", required=True)
     parser.add_argument("--store-port", type=int, required=True)
-    parser.add_argument("--prefix", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--init-timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
@@ -158,7 +154,7 @@ def main() -> int:
     except BaseException:  # noqa: BLE001
         conn.send(("init_error", traceback.format_exc()))
         return 1
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready",))
     while True:
         try:
             message = conn.recv()
