@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not under_torchrun():
         nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
-        return launch("refddp.doctor", {ARGV_ENV: json.dumps(argv)}, nproc, 0, c.out)
+        return launch("refddp.doctor", {ARGV_ENV: json.dumps(argv)}, nproc, 0, c.out, job="doctor")
     try:
         result = check(c, args.barrier_timeout, args.repeats)
     except DoctorFailure as exc:

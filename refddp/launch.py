@@ -70,8 +70,12 @@ def torchrun_args(module: str, nproc: int, max_restarts: int) -> list[str]:
     ]
 
 
-def launch(module: str, env: dict[str, str], nproc: int, max_restarts: int, out: str) -> int:
+def launch(
+    module: str, env: dict[str, str], nproc: int, max_restarts: int, out: str, job: str
+) -> int:
     """Run ``python -m MODULE`` on ``nproc`` local ranks; the job's exit code.
+
+    ``job`` names it in the one-line failure report ("training failed: ...").
 
     Ranks get their settings through ``env`` (the trainer passes the config it already resolved
     and checked), so they never re-parse the command line and all agree on it.
@@ -92,7 +96,7 @@ def launch(module: str, env: dict[str, str], nproc: int, max_restarts: int, out:
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as exc:
-        return _report_failure(exc, out)
+        return _report_failure(exc, out, job)
     except SignalException as exc:
         name = signal.Signals(exc.sigval).name
         print(f"stopped by {name}; rerun the same command to resume", file=sys.stderr)
@@ -100,7 +104,7 @@ def launch(module: str, env: dict[str, str], nproc: int, max_restarts: int, out:
     return 0
 
 
-def _report_failure(exc: ChildFailedError, out: str) -> int:
+def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
     codes = {rank: f.exitcode for rank, f in exc.failures.items()}
     if all(code == 2 for code in codes.values()):
         return 2  # a user error: the ranks already printed it in one line
@@ -111,6 +115,6 @@ def _report_failure(exc: ChildFailedError, out: str) -> int:
         for r, c in sorted(codes.items())
     )
     hint = f"; stacks of hung ranks in {stacks_dir}/" if stacks else "; see the ranks' output above"
-    print(f"error: training failed: {described}{hint}", file=sys.stderr)
+    print(f"error: {job} failed: {described}{hint}", file=sys.stderr)
     first = next(iter(codes.values()))
     return first if first > 0 else 1

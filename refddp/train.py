@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if world_size == 1 and c.max_restarts == 0:
         return run_rank(c)
     env = {CONFIG_ENV: json.dumps(c.to_dict())}
-    return launch("refddp.train", env, world_size, c.max_restarts, c.out)
+    return launch("refddp.train", env, world_size, c.max_restarts, c.out, job="training")
 
 
 if __name__ == "__main__":

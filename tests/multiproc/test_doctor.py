@@ -69,4 +69,5 @@ def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
         timeout=120,
     )
     assert bad.returncode == 1
+    assert "error: doctor failed: " in bad.stderr and "training" not in bad.stderr
     assert "PROBLEM: the 3 training samples do not fill one global batch of 4" in bad.stdout
