@@ -180,27 +180,39 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
-def find_resume_checkpoint(c: TrainConfig) -> str | None:
-    """The checkpoint ``resume`` names: ``auto`` falls back to the previous one if latest is bad."""
+def load_resume_checkpoint(c: TrainConfig) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint ``resume`` names, loaded once: ``(path, state)``, or None to start fresh.
+
+    ``auto`` takes the latest in ``out``, falling back (with a warning) to the previous one if
+    the latest is unreadable. eval and predict need a checkpoint: finding none is an error.
+    """
     if c.resume == "never":
-        return None
-    if c.resume != "auto":
-        if not os.path.isfile(c.resume):
-            raise CheckpointError(f"resume: checkpoint not found: {c.resume}")
-        return c.resume
-    directory = checkpoint_dir(c.out)
-    latest, previous = os.path.join(directory, LATEST), os.path.join(directory, PREVIOUS)
-    if not os.path.exists(latest):
-        return previous if os.path.exists(previous) else None
-    try:
-        load_checkpoint(latest)
-        return latest
-    except CheckpointError as exc:
-        if not os.path.exists(previous):
-            raise
-        load_checkpoint(previous)  # raises, naming it, if this one is bad too
-        log.warning("warning: %s; resuming from the older %s instead", exc, previous)
-        return previous
+        found = None
+    elif c.resume != "auto":
+        found = (c.resume, load_checkpoint(c.resume))
+    else:
+        directory = checkpoint_dir(c.out)
+        latest, previous = os.path.join(directory, LATEST), os.path.join(directory, PREVIOUS)
+        found, latest_error = None, None
+        for path in (latest, previous):
+            if not os.path.exists(path):
+                continue
+            try:
+                found = (path, load_checkpoint(path))
+            except CheckpointError as exc:
+                if path == previous or not os.path.exists(previous):
+                    raise  # nothing older to fall back to
+                latest_error = exc
+                continue
+            if latest_error is not None:
+                log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
+            break
+    if found is None and c.task != "train":
+        raise CheckpointError(
+            f"resume: no checkpoint in {checkpoint_dir(c.out)}; "
+            f"--task {c.task} needs --resume PATH or a trained --out"
+        )
+    return found
 
 
 def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -> None:

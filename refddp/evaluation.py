@@ -61,14 +61,9 @@ def evaluate(
 
 def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:
     """The model with the weights of the checkpoint ``resume`` names, for eval and predict."""
-    path = ckpt.find_resume_checkpoint(c)
-    if path is None:
-        raise ckpt.CheckpointError(
-            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
-            f"--task {c.task} needs --resume PATH or a trained --out"
-        )
+    path, state = ckpt.load_resume_checkpoint(c)  # type: ignore[misc]  # never None here
     model = build_model(c)
-    ckpt.load_model_weights(model, ckpt.load_checkpoint(path), path)
+    ckpt.load_model_weights(model, state, path)
     return model.to(ctx.device), path
 
 

@@ -40,17 +40,22 @@ log = logging.getLogger("refddp")
 EXIT_USAGE = 2
 
 
-def resolve_config(argv: list[str]) -> TrainConfig:
-    """CLI flag > --config YAML > the checkpoint's config (eval, predict, resume) > default."""
-    if CONFIG_ENV in os.environ and under_torchrun():  # a rank that refddp's launcher started
-        return merge({}, json.loads(os.environ[CONFIG_ENV]))
+Resumed = tuple[str, dict] | None  # (path, state) of the checkpoint `resume` names
+
+
+def resolve_config(argv: list[str]) -> tuple[TrainConfig, Resumed]:
+    """CLI flag > --config YAML > the checkpoint's config (eval, predict, resume) > default.
+
+    Also returns the checkpoint it read, so the checks that follow need not load it again.
+    """
     cli, config_path = parse_cli(argv)
     from_yaml = load_yaml(config_path) if config_path else {}
     base = merge(cli, from_yaml)
-    path = ckpt.find_resume_checkpoint(base)
-    if path is None:
-        return base
-    return merge(cli, from_yaml, ckpt.load_checkpoint(path)["config"])
+    # resume, out and task never come from a checkpoint: base finds the same one c would.
+    resumed = ckpt.load_resume_checkpoint(base)
+    if resumed is None:
+        return base, None
+    return merge(cli, from_yaml, resumed[1]["config"]), resumed
 
 
 def resolve_nproc(c: TrainConfig) -> int:
@@ -59,7 +64,7 @@ def resolve_nproc(c: TrainConfig) -> int:
     return torch.cuda.device_count() if c.device != "cpu" and torch.cuda.is_available() else 1
 
 
-def preflight(c: TrainConfig, world_size: int) -> None:
+def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
     """Every check that needs no rank: device, sizes, data, model, checkpoint, run directory."""
     uses_cuda = c.device == "cuda" or (c.device == "auto" and torch.cuda.is_available())
     if c.device == "cuda" and not torch.cuda.is_available():
@@ -85,14 +90,9 @@ def preflight(c: TrainConfig, world_size: int) -> None:
         raise ConfigError("data: the validation set is empty")
     with torch.device("meta"):
         model = build_model(c)
-    path = ckpt.find_resume_checkpoint(c)
-    if path is not None:
-        ckpt.check_model_compatible(model, ckpt.load_checkpoint(path)["model_state_dict"], path)
-    elif c.task != "train":
-        raise ckpt.CheckpointError(
-            f"resume: no checkpoint in {ckpt.checkpoint_dir(c.out)}; "
-            f"--task {c.task} needs --resume PATH or a trained --out"
-        )
+    if resumed is not None:
+        path, state = resumed
+        ckpt.check_model_compatible(model, state["model_state_dict"], path)
     try:
         os.makedirs(c.out, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=c.out):
@@ -161,11 +161,13 @@ def run_rank(c: TrainConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        c = resolve_config(argv)
+        if under_torchrun() and CONFIG_ENV in os.environ:  # a rank refddp's launcher started
+            return run_rank(merge({}, json.loads(os.environ[CONFIG_ENV])))
+        c, resumed = resolve_config(argv)
         if under_torchrun():
             return run_rank(c)
         world_size = resolve_nproc(c)
-        preflight(c, world_size)
+        preflight(c, world_size, resumed)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -193,10 +193,10 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------
 
     def _resume(self) -> str | None:
-        path = ckpt.find_resume_checkpoint(self.c)
-        if path is None:
+        resumed = ckpt.load_resume_checkpoint(self.c)
+        if resumed is None:
             return None
-        state = ckpt.load_checkpoint(path)
+        path, state = resumed
         ckpt.load_model_weights(self.model, state, path)
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         if state.get("scheduler_state_dict"):

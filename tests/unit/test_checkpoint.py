@@ -113,8 +113,8 @@ def test_auto_resume_falls_back_to_the_previous_checkpoint_with_a_warning(tmp_pa
     latest = tmp_path / "checkpoints" / ckpt.LATEST
     latest.write_bytes(b"garbage")
     with caplog.at_level(logging.WARNING, logger="refddp"):
-        path = ckpt.find_resume_checkpoint(TrainConfig(out=str(tmp_path)))
-    assert path.endswith(ckpt.PREVIOUS)
+        path, loaded = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+    assert path.endswith(ckpt.PREVIOUS) and loaded["step"] == 1
     assert (
         "checkpoint_latest.pth: corrupt" in caplog.text and "checkpoint_previous.pth" in caplog.text
     )
@@ -124,12 +124,12 @@ def test_corrupt_latest_without_a_fallback_is_an_error(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / ckpt.LATEST).write_bytes(b"garbage")
     with pytest.raises(ckpt.CheckpointError, match=r"checkpoint_latest.pth: corrupt"):
-        ckpt.find_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+        ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
 
 
 def test_resume_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match=r"^resume: checkpoint not found: .*gone.pth$"):
-        ckpt.find_resume_checkpoint(TrainConfig(resume=str(tmp_path / "gone.pth")))
+        ckpt.load_resume_checkpoint(TrainConfig(resume=str(tmp_path / "gone.pth")))
 
 
 def test_ddp_and_compile_prefixes_are_stripped():
