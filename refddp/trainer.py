@@ -1,4 +1,4 @@
-"""The loop, one rank's view: train, evaluate, predict.
+"""The training loop, one rank's view, with its checkpoints and resume.
 
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
@@ -254,13 +254,20 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def evaluate_and_record(self, train_loss: torch.Tensor, window: dict[str, float]) -> bool:
+    def new_window(self) -> dict[str, Any]:
+        """What is measured between two evaluations."""
+        return {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0,
+                # [sum of step losses, steps taken]: on the device, summed over ranks at eval
+                "loss": torch.zeros(2, dtype=torch.float64, device=self.device)}  # fmt: skip
+
+    def evaluate_and_record(self, window: dict[str, Any]) -> bool:
         """Evaluate, log, append to history; True if this is the best validation loss so far."""
         elapsed = max(time.perf_counter() - window["start"], 1e-9)  # training time only
         if self.model_has_buffers:
             sync_buffers(self.model)
         metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog)
-        dist.all_reduce(train_loss)  # [sum of step losses, steps] over ranks
+        train_loss = window["loss"]
+        dist.all_reduce(train_loss)
         record = {
             "epoch": self.pos.epoch,
             "step": self.pos.step,
@@ -337,8 +344,7 @@ class Trainer:
             leave=False,
         )
         steps_this_run, stop_signal = 0, None
-        train_loss = torch.zeros(2, dtype=torch.float64, device=self.device)
-        window = {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0}
+        window = self.new_window()
         self.ddp.train()
         while pos.step < self.total_steps and stop_signal is None:
             self.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same on every rank
@@ -402,7 +408,7 @@ class Trainer:
                     self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
                     self.scaler.update()
                     self.optimizer.zero_grad(set_to_none=True)
-                    train_loss += torch.stack([step_loss, torch.ones_like(step_loss)])
+                    window["loss"] += torch.stack([step_loss, torch.ones_like(step_loss)])
                 self.scheduler.step()
                 pos.step += 1
                 pos.samples_in_epoch += self.global_batch
@@ -419,14 +425,8 @@ class Trainer:
                     stop_signal = -1
                     break
                 if c.eval_every and pos.step % c.eval_every == 0 and pos.step < last_step:
-                    is_best = self.evaluate_and_record(train_loss, window)
-                    train_loss.zero_()
-                    window = {
-                        "start": time.perf_counter(),
-                        "samples": 0,
-                        "steps": 0,
-                        "data_wait": 0.0,
-                    }
+                    is_best = self.evaluate_and_record(window)
+                    window = self.new_window()
                     self.save(is_best)
                 elif c.ckpt_every and pos.step % c.ckpt_every == 0 and pos.step < last_step:
                     self.save()
@@ -437,9 +437,8 @@ class Trainer:
                 pos.epoch += 1
                 pos.samples_in_epoch = 0
             # End of an epoch or of max_steps: evaluate, then save what was evaluated.
-            is_best = self.evaluate_and_record(train_loss, window)
-            train_loss.zero_()
-            window = {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0}
+            is_best = self.evaluate_and_record(window)
+            window = self.new_window()
             self.save(is_best)
         bar.close()
         if stop_signal is not None:
