@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import torch
 import yaml
 
 import refddp
+from refddp.dist import loopback_store
 from tests.cli_runs import REPO
 
 
@@ -133,48 +133,56 @@ def test_ranks_see_disjoint_shards_that_cover_the_data(run_cli, tiny, tmp_path):
 
 
 def test_two_nodes_with_plain_torchrun_on_loopback(tmp_path, tiny, spawn):
-    with socket.socket() as s:  # the rendezvous endpoint both "nodes" are told about
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The rendezvous store is held here, as a cluster's external store would be, and both
+    # torchrun "nodes" join it as clients: a port probed now and bound by torchrun later can be
+    # taken in between by any other socket on the machine, and then both nodes hang.
+    rendezvous = loopback_store()
     out = tmp_path / "two-nodes"
     flags = [
         f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
         for k, v in tiny.items()
     ]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rendezvous.port}",
+        "--rdzv-conf",
+        "is_host=false",
+        "--rdzv-id",
+        "t",
+        "--local-addr",
+        "127.0.0.1",
+        "-m",
+        "refddp.train",
+        "--no-progress",
+        "--out",
+        str(out),
+        *flags,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "--rdzv-id",
-                "t",
-                "--local-addr",
-                "127.0.0.1",
-                "-m",
-                "refddp.train",
-                "--no-progress",
-                "--out",
-                str(out),
-                *flags,
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         for _ in range(2)
     ]
-    logs = [node.communicate(timeout=240)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], logs
+    try:
+        logs = [node.communicate(timeout=240)[0] for node in nodes]
+    except subprocess.TimeoutExpired:  # the logs are the diagnosis
+        for node in nodes:
+            node.kill()
+        pytest.fail("two-node job hung:\n" + "\n".join(node.communicate()[0] for node in nodes))
+    finally:  # no node outlives the test
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
     ckpt = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
     assert ckpt["world_size"] == 2 and ckpt["step"] == 12
