@@ -1,7 +1,6 @@
 """The real CLI, end to end, as a user runs it: `python -m refddp.train ...` in a subprocess."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import yaml
 
 import refddp
 from refddp.dist import loopback_store
-from tests.cli_runs import REPO
+from tests.cli_runs import start, train_command
 
 
 def assert_same_weights(a, b, rtol=0.0, atol=0.0):
@@ -138,48 +137,18 @@ def test_two_nodes_with_plain_torchrun_on_loopback(tmp_path, tiny, spawn):
     # taken in between by any other socket on the machine, and then both nodes hang.
     rendezvous = loopback_store()
     out = tmp_path / "two-nodes"
-    flags = [
-        f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
-        for k, v in tiny.items()
-    ]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{rendezvous.port}",
-        "--rdzv-conf",
-        "is_host=false",
-        "--rdzv-id",
-        "t",
-        "--local-addr",
-        "127.0.0.1",
-        "-m",
-        "refddp.train",
-        "--no-progress",
-        "--out",
-        str(out),
-        *flags,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [
-        subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        for _ in range(2)
-    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{rendezvous.port}", "--rdzv-conf", "is_host=false",
+                "--rdzv-id", "t", "--local-addr", "127.0.0.1"]  # fmt: skip
+    command = torchrun + train_command(out, **tiny)[1:]  # `-m refddp.train ...` after torchrun's
+    nodes = [start(command) for _ in range(2)]
     try:
-        logs = [node.communicate(timeout=240)[0] for node in nodes]
+        logs = ["".join(node.communicate(timeout=240)) for node in nodes]
     except subprocess.TimeoutExpired:  # the logs are the diagnosis
         for node in nodes:
             node.kill()
-        pytest.fail("two-node job hung:\n" + "\n".join(node.communicate()[0] for node in nodes))
+        pytest.fail("two-node job hung:\n" + "\n".join("".join(n.communicate()) for n in nodes))
     finally:  # no node outlives the test
         for node in nodes:
             node.kill()
