@@ -62,4 +62,5 @@ def tiny(tmp_path):
         "epochs": 2,
         "dtype": "float64",
         "deterministic": True,
+        "device": "cpu",  # the CPU suite runs on CPU on GPU machines too
     }

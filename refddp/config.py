@@ -38,7 +38,9 @@ class TrainConfig:
         0, "elastic restarts of failed ranks (torch.distributed.run)", inherit=False
     )
     device: str = _opt("auto", "where ranks run", ("auto", "cpu", "cuda"))
-    model: str = _opt("mlp", "built-in model (mlp, cnn) or package.module:callable")
+    model: str = _opt("mlp", "built-in model (mlp, cnn, convnet) or package.module:callable")
+    dropout: float = _opt(0.1, "dropout probability of the convnet model")
+    sync_bn: bool = _opt(False, "batch norm statistics over the global batch (SyncBatchNorm)")
     data: str = _opt(
         "synthetic",
         "'synthetic' (generated from the seed), a .pt file holding "
@@ -47,6 +49,9 @@ class TrainConfig:
     train_size: int = _opt(16384, "samples in the synthetic training set")
     val_size: int = _opt(2048, "samples in the synthetic validation set")
     input_dim: int = _opt(32, "features per synthetic sample")
+    augment: float = _opt(
+        0.0, "std of Gaussian noise added to each training sample when fetched (0: off)"
+    )
     num_classes: int = _opt(4, "classes of the synthetic data")
     hidden_size: int = _opt(128, "width of the built-in models")
     depth: int = _opt(2, "hidden layers of the built-in models")
@@ -222,12 +227,15 @@ def validate(c: TrainConfig) -> None:
         "weight_decay",
         "grad_clip",
         "momentum",
+        "augment",
     )
     for name in non_negative:
         if getattr(c, name) < 0:
             raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
     if c.num_classes < 2:
         raise ConfigError(f"num_classes: must be >= 2, got {c.num_classes}")
+    if not 0 <= c.dropout < 1:
+        raise ConfigError(f"dropout: must be in [0, 1), got {c.dropout}")
     if not c.lr > 0:
         raise ConfigError(f"lr: must be > 0, got {c.lr}")
     if not c.timeout > 0:

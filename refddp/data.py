@@ -25,25 +25,73 @@ class _Batch(tuple):
 
 
 class TensorPairDataset(Dataset):
-    """``(x[i], y[i])`` pairs; fetches whole batches at once (``__getitems__``)."""
+    """``(x[i], y[i])`` pairs, optionally augmented with Gaussian noise of std ``noise``.
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+    The noise is drawn from torch's global RNG inside ``__getitem__``, as user augmentations
+    are, so it runs in DataLoader workers. A plain ``DataLoader`` with default collation works;
+    refddp's own loader fetches un-augmented batches whole (``batch``) as a fast path.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, noise: float = 0.0):
         assert len(x) == len(y)
-        self.x, self.y = x, y
+        self.x, self.y, self.noise = x, y, noise
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
+        x = self.x[index]
+        if self.noise:
+            x = x + self.noise * torch.randn(x.shape, dtype=x.dtype)
+        return x, self.y[index]
 
-    def __getitems__(self, indices: list[int]) -> list[_Batch]:
+    def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples ``indices`` stacked, in one indexing operation (no augmentation)."""
         idx = torch.as_tensor(indices)
-        return [_Batch((self.x[idx], self.y[idx]))]
+        return self.x[idx], self.y[idx]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The RNG seed sample ``index`` is fetched (augmented) with in ``epoch``."""
+    return ((seed * 1_000_003 + epoch) * 2_147_483_659 + index) % 2**63
+
+
+class SeededFetch(Dataset):
+    """What refddp's loaders fetch from: ``dataset``, each sample under its own torch seed.
+
+    Random augmentation inside ``__getitem__`` then depends only on (seed, epoch, sample):
+    not on which worker, rank or resume fetched it, so mid-epoch resume is exact and
+    augmentation is the same at any world size. Only torch's RNG is seeded (Python's
+    ``random`` and numpy are left to the workers' own seeds). The caller's RNG is restored.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int, epoch: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        ds = self.dataset
+        if isinstance(ds, TensorPairDataset) and not ds.noise:
+            return [_Batch(ds.batch(indices))]  # nothing random: one indexing op per batch
+        outer = torch.get_rng_state()
+        try:
+            items = []
+            for i in indices:
+                # the CPU generator only: torch.manual_seed would also reseed every GPU's
+                torch.default_generator.manual_seed(sample_seed(self.seed, self.epoch, i))
+                items.append(ds[i])
+        finally:
+            torch.set_rng_state(outer)
+        return items
 
 
 def collate_batch(items: list) -> Any:
-    """Collate for TensorPairDataset's pre-built batch; default collation for anything else."""
+    """Collate for SeededFetch's pre-built batch; default collation for anything else."""
     if len(items) == 1 and isinstance(items[0], _Batch):
         return tuple(items[0])
     return torch.utils.data.default_collate(items)
@@ -56,12 +104,12 @@ def synthetic(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDataset]:
     teacher = torch.randn(c.input_dim, c.num_classes, generator=g, dtype=torch.float64)
     mix = torch.randn(c.input_dim, c.input_dim, generator=g, dtype=torch.float64)
 
-    def make(n: int) -> TensorPairDataset:
+    def make(n: int, noise: float) -> TensorPairDataset:
         x = torch.randn(n, c.input_dim, generator=g, dtype=torch.float64)
         y = (x @ teacher + 0.25 * torch.tanh(x @ mix) @ teacher).argmax(dim=1)
-        return TensorPairDataset(x.to(dtype), y)
+        return TensorPairDataset(x.to(dtype), y, noise)
 
-    return make(c.train_size), make(c.val_size)
+    return make(c.train_size, c.augment), make(c.val_size, 0.0)
 
 
 def from_tensor_file(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDataset]:
@@ -106,6 +154,7 @@ def from_tensor_file(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDatas
                 f", found {int(y.min())}..{int(y.max())}"
             )
         out.append(TensorPairDataset(x.to(getattr(torch, c.dtype)), y))
+    out[0].noise = c.augment  # training samples only
     return out[0], out[1]
 
 
@@ -185,9 +234,10 @@ def _quiet_worker(worker_id: int) -> None:
 def make_loader(
     dataset: Dataset, sampler: Sampler, batch_size: int, c: TrainConfig, pin: bool, seed: int
 ) -> DataLoader:
-    """A DataLoader whose worker seeds come from ``seed`` (so reruns and resumes match)."""
+    """A DataLoader over ``dataset`` with per-sample seeds (``SeededFetch``) for the sampler's
+    epoch; worker seeds (Python, numpy) come from ``seed``."""
     return DataLoader(
-        dataset,
+        SeededFetch(dataset, c.seed, getattr(sampler, "epoch", 0)),
         batch_size=batch_size,
         sampler=sampler,
         num_workers=c.num_workers,

@@ -10,7 +10,7 @@ from torch import nn
 from refddp.config import ConfigError, TrainConfig
 from refddp.imports import is_import_path, load_callable
 
-BUILT_IN = ("mlp", "cnn")
+BUILT_IN = ("mlp", "cnn", "convnet")
 
 
 class MLP(nn.Module):
@@ -44,6 +44,30 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x.unsqueeze(1)).flatten(1))
 
 
+class ConvNet(nn.Module):
+    """A small 1-D conv net with batch norm (batch-dependent, with buffers) and dropout (random).
+
+    Which invariances hold for it is stated in the README: exact resume always; world-size
+    invariance only with ``sync_bn``, ``grad_accum`` 1 and ``dropout`` 0.
+    """
+
+    def __init__(self, input_dim: int, hidden: int, depth: int, num_classes: int, dropout: float):
+        super().__init__()
+        channels = max(4, hidden // 4)
+        blocks: list[nn.Module] = []
+        width = 1
+        for _ in range(max(depth, 1)):
+            # no conv bias: the batch norm after it cancels it (its gradient is only rounding)
+            conv = nn.Conv1d(width, channels, 3, padding=1, bias=False)
+            blocks += [conv, nn.BatchNorm1d(channels), nn.ReLU()]
+            width = channels
+        self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool1d(4), nn.Flatten())
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(channels * 4, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x.unsqueeze(1)))
+
+
 def build_model(config: TrainConfig | dict[str, Any]) -> nn.Module:
     """The run's model, freshly initialised from ``seed``, in the run's dtype, on the CPU.
 
@@ -56,6 +80,8 @@ def build_model(config: TrainConfig | dict[str, Any]) -> nn.Module:
             model: nn.Module = MLP(c.input_dim, c.hidden_size, c.depth, c.num_classes)
         elif c.model == "cnn":
             model = SmallCNN(c.input_dim, c.hidden_size, c.depth, c.num_classes)
+        elif c.model == "convnet":
+            model = ConvNet(c.input_dim, c.hidden_size, c.depth, c.num_classes, c.dropout)
         elif is_import_path(c.model):
             model = load_callable(c.model, "model")(c)
             if not isinstance(model, nn.Module):

@@ -31,6 +31,7 @@ from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
 from refddp.evaluation import autocast, evaluate
 from refddp.models import build_model, count_parameters
+from refddp.sync_batchnorm import convert_sync_batchnorm
 
 log = logging.getLogger("refddp")
 
@@ -148,6 +149,8 @@ class Trainer:
         self.device = torch.device(ctx.device)
         rank0_then_meet(lambda: prepare_run_dir(c))
         self.model = build_model(c).to(self.device)
+        if c.sync_bn:  # batch statistics over the global batch: refddp/sync_batchnorm.py
+            self.model = convert_sync_batchnorm(self.model)
         self.train_set, self.val_set = build_datasets(c)
         self.batch_size = per_rank_batch_size(c, ctx.world_size)
         self.global_batch = self.batch_size * ctx.world_size * c.grad_accum

@@ -110,3 +110,33 @@ def first_update_norm(out: str, **overrides) -> float:
     trainer.fit()
     after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
     return float((after - before).norm())
+
+
+def count_gradient_all_reduces(out: str, **overrides) -> dict:
+    """Train with a DDP comm hook that counts the gradient buckets DDP all-reduces.
+
+    DDP's bucket all-reduce is issued in C++ (``record_collectives`` cannot see it); a comm hook
+    is called once per bucket all-reduce, so it counts them. The hook does what DDP's default
+    does: average the bucket over ranks.
+    """
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    calls = []
+
+    def counting_allreduce(group, bucket):
+        calls.append(bucket.index())
+        averaged = bucket.buffer().div_(dist.get_world_size())
+        return group.allreduce([averaged]).get_future().then(lambda fut: fut.value()[0])
+
+    trainer.ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
+    result = trainer.fit()
+    return {"all_reduces": len(calls), "steps": result["step"]}
+
+
+def autocast_dtypes_seen(out: str, **overrides) -> set:
+    """The dtypes the trainer's forward produced (a hook on the model's output layer)."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    seen: set = set()
+    last_layer = [m for m in trainer.model.modules() if isinstance(m, nn.Linear)][-1]
+    last_layer.register_forward_hook(lambda module, args, output: seen.add(output.dtype))
+    trainer.fit()
+    return seen

@@ -10,6 +10,8 @@ from refddp.config import ConfigError
 from refddp.models import build_model
 from refddp.testing import RankFailure, RankTimeout
 from tests.rank_tasks import (
+    autocast_dtypes_seen,
+    count_gradient_all_reduces,
     eval_model,
     first_update_norm,
     fit,
@@ -178,3 +180,34 @@ def test_gradient_clipping_bounds_the_true_gradient_under_amp(spawn, tmp_path, a
         epochs=1,
     )[0]
     assert moved == pytest.approx(0.01, rel=1e-3)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the_accumulation(
+    spawn, tmp_path, grad_accum
+):
+    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward. Syncing every
+    # micro-batch would give the same weights (the mean of means), so only the count shows it.
+    counted = spawn(
+        count_gradient_all_reduces, str(tmp_path), grad_accum=grad_accum, max_steps=4, epochs=1
+    )
+    for rank in counted:
+        assert rank == {"all_reduces": 4, "steps": 4}
+
+
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_mixed_precision_runs_the_forward_in_half_precision(spawn, tmp_path, amp, dtype):
+    # Finite weights or "close to fp32" would also hold if autocast were a no-op: look at the
+    # dtype the trainer's forward (and evaluation) actually computed in.
+    seen = spawn(autocast_dtypes_seen, str(tmp_path), amp=amp, dtype="float32", max_steps=2)
+    assert seen == [{dtype}, {dtype}]
+
+
+def test_after_fit_every_rank_holds_the_saved_parameters_and_buffers(spawn, tmp_path):
+    # Batch norm statistics drift per rank during training (DDP re-broadcasts rank 0's only at
+    # the next forward); stopping mid-epoch saves without evaluating: the save must sync them.
+    ranks = spawn(fit, str(tmp_path), model="convnet", stop_after=3)
+    saved = torch.load(tmp_path / "checkpoints" / LATEST, weights_only=True)["model_state_dict"]
+    assert any("running_mean" in key for key in saved)
+    for rank in ranks:
+        assert_same_weights(rank["weights"], saved)
