@@ -41,7 +41,9 @@ def test_empty_shards_are_a_problem(spawn):
 
 def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
     ok = subprocess.run(
-        [sys.executable, "-m", "refddp.doctor", "--nproc", "2", "--json", "--repeats", "2"],
+        # --device cpu: the CPU suite runs on CPU on GPU machines too
+        [sys.executable, "-m", "refddp.doctor", "--nproc", "2", "--json", "--repeats", "2",
+         "--device", "cpu"],  # fmt: skip
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -62,6 +64,8 @@ def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
             "3",
             "--batch-size",
             "2",
+            "--device",
+            "cpu",
         ],
         cwd=REPO,
         capture_output=True,

@@ -25,6 +25,8 @@ TINY = [
     "--dtype",
     "float64",
     "--deterministic",
+    "--device",  # the CPU suite runs on CPU on GPU machines too
+    "cpu",
 ]
 
 

@@ -53,7 +53,7 @@ def test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no_accumulati
     # Per-rank batch statistics, per-micro-batch statistics, per-rank dropout masks: each
     # breaks the invariance, as the README says. (One reference run for all: CLI runs are slow.)
     for change in ({"sync_bn": False}, {"grad_accum": 2}, {"dropout": 0.2}):
-        other = run_cli("--nproc", 2, out=str(change), **{**flags, **change}).weights()
+        other = run_cli("--nproc", 2, out=f"two-{[*change][0]}", **{**flags, **change}).weights()
         with pytest.raises(AssertionError):
             assert_same_weights(other, one, rtol=1e-10, atol=1e-12)
 

@@ -40,7 +40,14 @@ def expect_usage_error(capsys, argv, expected):
             ["--train-size", "1", "--batch-size", "1", "--nproc", "2"],
             "data: 1 training samples for 2 rank(s) do not fill one global batch of 2",
         ),
-        (["--device", "cuda"], "device: cuda requested but CUDA is not available here"),
+        pytest.param(
+            ["--device", "cuda"],
+            "device: cuda requested but CUDA is not available here",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="needs a machine without CUDA"
+            ),
+            id="cuda-without-gpu",
+        ),
     ],
 )
 def test_bad_flags(capsys, tmp_path, argv, expected):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from refddp.config import ConfigError, TrainConfig
 from refddp.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
@@ -48,9 +48,9 @@ def test_distributed_sampler_shards_are_equal_disjoint_and_cover(
 
 
 @settings(max_examples=50, deadline=None)
-@given(n=st.integers(6, 300), seed=st.integers(0, 2**16))
-def test_set_epoch_changes_the_order(n, seed):
-    s = DistributedSampler(Sized(n), 1, 0, shuffle=True, seed=seed)
+@given(n=st.integers(8, 300), world=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_global_batch_sampler_reshuffles_every_epoch(n, world, seed):
+    s = GlobalBatchSampler(Sized(n), world, 0, world * 2, seed)
     orders = []
     for epoch in range(4):
         s.set_epoch(epoch)
@@ -125,6 +125,50 @@ def test_loader_batches_match_item_access():
     x, y = next(iter(make_loader(train, ShardSampler(40, 1, 0), 5, c, False, 0)))
     assert torch.equal(x, torch.stack([train[i][0] for i in range(5)]))
     assert torch.equal(y, torch.stack([train[i][1] for i in range(5)]))
+
+
+def test_built_datasets_work_with_a_plain_dataloader_and_default_collation():
+    c = TrainConfig(train_size=40, val_size=37, input_dim=8, augment=0.1)
+    train, val = build_datasets(c)
+    for dataset in (train, val):
+        batches = list(DataLoader(dataset, batch_size=16))
+        assert [tuple(x.shape) for x, _ in batches] == [(16, 8), (16, 8), (len(dataset) - 32, 8)]
+        assert all(y.shape == x.shape[:1] and y.dtype == torch.int64 for x, y in batches)
+    x, y = next(iter(DataLoader(val, batch_size=16)))
+    assert torch.equal(x, val.x[:16]) and torch.equal(y, val.y[:16]), "no noise on validation"
+
+
+def fetched(c, epoch, num_workers, split=1, loader_seed=0):
+    """Every training sample as refddp's loader serves it in ``epoch`` (index order)."""
+    train, _ = build_datasets(c)
+    c = TrainConfig(**{**c.to_dict(), "num_workers": num_workers})
+    samplers = []
+    for rank in range(split):
+        s = GlobalBatchSampler(train, split, rank, len(train), c.seed)
+        s.set_epoch(epoch)
+        samplers.append(s)
+    out = torch.empty_like(train.x)
+    for s in samplers:
+        loader = make_loader(train, s, 4, c, False, loader_seed + 1000 * split)
+        for index, (x, _) in zip(torch.tensor(list(s)).split(4), loader, strict=True):
+            out[index] = x
+    return out
+
+
+def test_augmentation_depends_only_on_seed_epoch_and_sample():
+    # Noise is drawn from torch's RNG in __getitem__ (in the workers when num_workers > 0):
+    # refddp seeds each sample's fetch, so neither the worker, the rank split, the loader seed
+    # nor a resume changes it, and the caller's RNG is left where it was.
+    c = TrainConfig(train_size=24, val_size=4, input_dim=3, augment=0.5, dtype="float64")
+    clean = build_datasets(c)[0].x
+    caller = torch.get_rng_state()
+    in_process = fetched(c, epoch=1, num_workers=0)
+    assert torch.equal(torch.get_rng_state(), caller)
+    assert not torch.equal(in_process, clean)
+    assert (in_process - clean).std().item() == pytest.approx(0.5, rel=0.3)
+    assert torch.equal(fetched(c, epoch=1, num_workers=2, loader_seed=7), in_process)
+    assert torch.equal(fetched(c, epoch=1, num_workers=2, split=3), in_process)
+    assert not torch.equal(fetched(c, epoch=2, num_workers=0), in_process), "new noise per epoch"
 
 
 def save(path, **tensors):

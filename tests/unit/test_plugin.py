@@ -62,7 +62,9 @@ def run_inner(pytester, *args):
 
 
 @pytest.mark.parametrize("import_mode", ["prepend", "importlib"])
-def test_outcomes_by_rank_under_each_import_mode(pytester, import_mode):
+def test_outcomes_by_rank_under_each_import_mode(pytester, monkeypatch, import_mode):
+    # The inner run must see no GPU (the gpu test's skip says "found 0") on any machine.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     pytester.makepyfile(test_behaviour=BEHAVIOUR)
     result = run_inner(pytester, f"--import-mode={import_mode}", "-rs", "-v")
     result.assert_outcomes(passed=4, failed=2, skipped=2)
