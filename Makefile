@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test multiproc gpu lint bench clean
+.PHONY: demo test multiproc gpu lint bench clean mutation
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -30,3 +30,7 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) runs
+
+# Not part of CI: each curated mutant removes one mechanism; its tests must fail (see README).
+mutation: $(VENV)/.installed
+	$(PY) tests/mutation/run.py

@@ -1,0 +1,210 @@
+"""The curated mutants: each removes one mechanism behind one README guarantee.
+
+A mutant names the file, an exact snippet that must occur exactly once, its replacement, and
+the few tests that must fail without the mechanism (the fastest first: the runner stops at
+the first failure). ``equivalent`` documents a mutant no test can kill, and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    guarantee: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    equivalent: str = ""
+
+
+DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
+CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
+SYNC_BN = "refddp/sync_batchnorm.py"
+T_DATA = "tests/unit/test_data.py"
+T_CLI = "tests/multiproc/test_cli.py"
+T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
+T_MODELS = "tests/multiproc/test_realistic_models.py"
+T_DDP = "tests/multiproc/test_ddp_equivalence.py"
+T_HARNESS = "tests/multiproc/test_harness.py"
+
+MUTANTS = (
+    Mutant(
+        "sampler-ignores-epoch", "per-epoch reshuffle", DATA,
+        "manual_seed(self.seed + self.epoch)", "manual_seed(self.seed)",
+        (f"{T_DATA}::test_global_batch_sampler_reshuffles_every_epoch",),
+    ),
+    Mutant(
+        "trainer-never-sets-epoch", "per-epoch reshuffle", TRAINER,
+        "self.sampler.set_epoch(pos.epoch)", "self.sampler.set_epoch(0)",
+        (f"{T_CLI}::test_ranks_see_disjoint_shards_that_cover_the_data_reshuffled_each_epoch",),
+    ),
+    Mutant(
+        "every-rank-same-shard", "disjoint covering shards", DATA,
+        "usable[self.rank :: self.num_replicas]",
+        "usable[: len(usable) // self.num_replicas]",
+        (f"{T_DATA}::test_global_batches_are_the_same_for_every_split",
+         f"{T_CLI}::test_ranks_see_disjoint_shards_that_cover_the_data_reshuffled_each_epoch"),
+    ),
+    Mutant(
+        "no-tail-drop", "disjoint covering shards, same steps on every rank", DATA,
+        "order[self.start : self.steps_per_epoch * self.global_batch]", "order[self.start :]",
+        (f"{T_DATA}::test_global_batches_are_the_same_for_every_split",),
+    ),
+    Mutant(
+        "eval-padded-like-distributed-sampler", "exact unpadded eval", DATA,
+        "self.indices = range(rank, length, world_size)",
+        "self.indices = [i % max(length, 1) for i in range(rank, length + (-length) % "
+        "world_size, world_size)]",
+        (f"{T_TRAINER}::test_eval_counts_every_sample_once_at_any_world_size",),
+    ),
+    Mutant(
+        "eval-not-all-reduced", "exact unpadded eval", EVALUATION,
+        "    dist.all_reduce(sums)", "    pass",
+        (f"{T_TRAINER}::test_eval_counts_every_sample_once_at_any_world_size",),
+    ),
+    Mutant(
+        "loss-not-divided-by-accumulation", "loss normalisation under accumulation", TRAINER,
+        "F.cross_entropy(self.forward(x), y) / c.grad_accum",
+        "F.cross_entropy(self.forward(x), y)",
+        (f"{T_CLI}::test_world_size_and_accumulation_split_give_the_same_weights",),
+    ),
+    Mutant(
+        "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
+        "self.ddp.no_sync() if not last else nullcontext()", "nullcontext()",
+        (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
+         "_accumulation",),
+    ),
+    Mutant(
+        "no-buffer-sync-before-eval", "buffer sync before eval", TRAINER,
+        "        if self.model_has_buffers:\n            sync_buffers(self.model)\n"
+        "        metrics = evaluate(",
+        "        metrics = evaluate(",
+        (f"{T_MODELS}::test_a_batchnorm_checkpoint_evaluates_in_a_plain_loop_to_its_recorded"
+         "_metric",),
+    ),
+    Mutant(
+        "no-buffer-sync-before-save", "buffer sync before save", TRAINER,
+        "        if self.model_has_buffers:\n            sync_buffers(self.model)\n"
+        "        rng_states",
+        "        rng_states",
+        (f"{T_TRAINER}::test_after_fit_every_rank_holds_the_saved_parameters_and_buffers",),
+    ),
+    Mutant(
+        "rng-not-restored", "RNG restore (dropout)", TRAINER,
+        "ckpt.set_rng_state(rng[self.ctx.rank])", "pass",
+        (f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
+         "_bit_identical",),
+    ),
+    Mutant(
+        "augmentation-from-worker-streams", "worker-seed restore (augmentation in workers)", DATA,
+        "torch.default_generator.manual_seed(sample_seed(self.seed, self.epoch, i))", "pass",
+        (f"{T_DATA}::test_augmentation_depends_only_on_seed_epoch_and_sample",
+         f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
+         "_bit_identical"),
+    ),
+    Mutant(
+        "augmentation-seed-ignores-epoch", "fresh augmentation each epoch", DATA,
+        "((seed * 1_000_003 + epoch) * 2_147_483_659 + index)",
+        "(seed * 2_147_483_659 + index)",
+        (f"{T_DATA}::test_augmentation_depends_only_on_seed_epoch_and_sample",),
+    ),
+    Mutant(
+        "resume-from-epoch-start", "sampler position", TRAINER,
+        "self.sampler.set_start(pos.samples_in_epoch)", "self.sampler.set_start(0)",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
+    ),
+    Mutant(
+        "optimizer-not-restored", "optimizer restore", TRAINER,
+        'self.optimizer.load_state_dict(state["optimizer_state_dict"])', "pass",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
+    ),
+    Mutant(
+        "scheduler-not-restored", "scheduler restore", TRAINER,
+        'self.scheduler.load_state_dict(state["scheduler_state_dict"])', "pass",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
+    ),
+    Mutant(
+        "scaler-not-restored", "scaler restore", TRAINER,
+        'self.scaler.load_state_dict(state["scaler_state_dict"])', "pass",
+        (f"{T_TRAINER}::test_fp16_scaler_state_survives_checkpoint_and_resume",),
+    ),
+    Mutant(
+        "clip-scaled-gradient", "unscale before clipping", TRAINER,
+        "self.scaler.unscale_(self.optimizer)  # clip the true gradient", "pass",
+        (f"{T_TRAINER}::test_gradient_clipping_bounds_the_true_gradient_under_amp",),
+    ),
+    Mutant(
+        "ranks-decide-alone", "the per-step agreement (non-finite loss, stop)", TRAINER,
+        "nonfinite, stopping = agree_any(",
+        "nonfinite, stopping = (lambda nonfinite, stopping, device: (nonfinite, stopping))(",
+        (f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike",),
+    ),
+    Mutant(
+        "no-dataset-size-check", "ranks with different data fail clearly", TRAINER,
+        "dist.all_reduce(extremes, op=dist.ReduceOp.MAX)", "pass",
+        (f"{T_TRAINER}::test_ranks_with_different_dataset_sizes_fail_clearly_not_hang",),
+    ),
+    Mutant(
+        "ddp-prefixed-keys", "clean checkpoint keys", TRAINER,
+        '"model_state_dict": ckpt.unwrap(self.model).state_dict()',
+        '"model_state_dict": self.ddp.state_dict()',
+        (f"{T_TRAINER}::test_ddp_checkpoint_loads_strictly_into_a_plain_model_with_identical"
+         "_outputs",),
+    ),
+    Mutant(
+        "write-in-place", "atomic checkpoint writes", CKPT,
+        'tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")',
+        "tmp = path",
+        ("tests/unit/test_checkpoint_sigkill.py",),
+    ),
+    Mutant(
+        "autocast-no-op", "mixed precision really runs in half precision", EVALUATION,
+        '    if c.amp == "off":\n        return nullcontext()', "    return nullcontext()",
+        (f"{T_TRAINER}::test_mixed_precision_runs_the_forward_in_half_precision",),
+    ),
+    Mutant(
+        "sync-bn-not-converted", "--sync-bn world-size invariance", TRAINER,
+        "self.model = convert_sync_batchnorm(self.model)", "pass",
+        (f"{T_MODELS}::test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no"
+         "_accumulation_no_dropout",),
+    ),
+    Mutant(
+        "sync-bn-local-statistics", "--sync-bn world-size invariance", SYNC_BN,
+        "totals = _sum_over_ranks(torch.cat([x.sum(dims), count]))",
+        "totals = torch.cat([x.sum(dims), count]) * dist.get_world_size()",
+        (f"{T_MODELS}::test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no"
+         "_accumulation_no_dropout",),
+    ),
+    Mutant(
+        "sync-bn-no-backward-all-reduce", "--sync-bn world-size invariance", SYNC_BN,
+        "        total = grad.clone()\n        dist.all_reduce(total)\n",
+        "        total = grad.clone()\n",
+        (f"{T_MODELS}::test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no"
+         "_accumulation_no_dropout",),
+    ),
+    Mutant(
+        "fingerprint-never-compared", "collective fingerprint: a real mismatch caught",
+        COLLECTIVES, "if len(set(seen)) > 1:", "if False:",
+        (f"{T_HARNESS}::test_mismatched_collective_order_fails_naming_both_collectives",),
+    ),
+    Mutant(
+        "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", COLLECTIVES,
+        "(name if name in _NAME_ONLY else signature)", "name",
+        (f"{T_HARNESS}::test_mismatched_shapes_fail_naming_the_shapes",),
+    ),
+    Mutant(
+        "fingerprint-without-dtypes", "collective fingerprint: dtypes", COLLECTIVES,
+        "f\"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}\"",
+        'f"{tuple(value.shape)}"',
+        ("tests/multiproc/test_collective_fingerprint.py",),
+    ),
+    Mutant(
+        "fingerprint-without-ops", "collective fingerprint: reduce ops", COLLECTIVES,
+        "            parts.append(value.name)", "            pass",
+        (f"{T_HARNESS}::test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing",),
+    ),
+)
