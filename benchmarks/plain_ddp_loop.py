@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from refddp.config import TrainConfig
-from refddp.data import collate_batch, synthetic
+from refddp.data import SeededFetch, collate_batch, synthetic
 from refddp.models import MLP
 
 CONFIG = dict(
@@ -43,7 +43,7 @@ def main() -> None:
     for epoch in range(c.epochs):
         sampler.set_epoch(epoch)
         for x, y in DataLoader(
-            train,
+            SeededFetch(train, c.seed, epoch),  # the same whole-batch fetch refddp's loader uses
             batch_size=c.batch_size,
             sampler=sampler,
             drop_last=True,
@@ -55,7 +55,7 @@ def main() -> None:
     correct = torch.zeros(2)
     with torch.no_grad():
         for x, y in DataLoader(
-            val,
+            SeededFetch(val, c.seed, 0),
             batch_size=c.batch_size,
             collate_fn=collate_batch,
             sampler=DistributedSampler(val, world, rank, shuffle=False),

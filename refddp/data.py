@@ -72,12 +72,16 @@ class SeededFetch(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        return self._seeded([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         ds = self.dataset
         if isinstance(ds, TensorPairDataset) and not ds.noise:
             return [_Batch(ds.batch(indices))]  # nothing random: one indexing op per batch
+        return self._seeded(indices)
+
+    def _seeded(self, indices: list[int]) -> list[Any]:
+        ds = self.dataset
         outer = torch.get_rng_state()
         try:
             items = []

@@ -1,4 +1,13 @@
-"""DDP computes what one process computes on the global batch, and replicas never drift."""
+"""Torch facts refddp's trainer relies on, checked on raw DDP, plus the trainer's fp16 and
+non-finite-loss handling.
+
+The raw-DDP tests here prove torch, not refddp: DDP averages gradients over every bucket, the
+average equals one process on the global batch, ``no_sync`` skips the all-reduce, DDP
+re-broadcasts rank 0's buffers. They stay because the trainer's guarantees are built on them
+(if a torch upgrade broke one, these name the cause). What refddp adds on top is proven through
+the trainer: test_cli.py (world-size and accumulation invariance), test_trainer_guarantees.py
+(all-reduce count under accumulation, buffers after fit), test_realistic_models.py.
+"""
 
 import pytest
 import torch

@@ -29,10 +29,15 @@ def test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is_bit_
     # do not depend on which worker or which invocation fetched the sample.
     flags = {**tiny, **CONVNET, "dropout": 0.2, "ckpt_every": 2}
     straight = run_cli("--nproc", 2, out="straight", **flags)
-    run_cli("--nproc", 2, "--stop-after", 5, out="stopped", **flags)  # 6 steps per epoch
+    stopped = run_cli("--nproc", 2, "--stop-after", 5, out="stopped", **flags)
+    assert "stopped at step 5 (stop_after reached)" in stopped.stderr
+    partial = stopped.checkpoint()  # 6 global batches of 16 per epoch: stopped mid-epoch
+    assert (partial["epoch"], partial["step"], partial["samples_in_epoch"]) == (0, 5, 80)
     resumed = run_cli("--nproc", 2, out="stopped", **flags)
-    assert "at epoch 0, step 5" in resumed.stderr
+    assert "resumed from" in resumed.stderr and "at epoch 0, step 5" in resumed.stderr
     assert_same_weights(resumed.weights(), straight.weights())  # bit for bit, buffers included
+    history = [(run.out / "history.jsonl").read_text() for run in (straight, resumed)]
+    assert history[0].count("\n") == history[1].count("\n") == 2  # one evaluation per epoch
     assert resumed.checkpoint()["metrics"]["val_loss"] == straight.checkpoint()["metrics"][
         "val_loss"
     ]
