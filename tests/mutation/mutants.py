@@ -187,6 +187,27 @@ MUTANTS = (
          "_accumulation_no_dropout",),
     ),
     Mutant(
+        "rank0-skips-a-collective", "every rank issues the same collectives", TRAINER,
+        "        dist.all_reduce(train_loss)\n",
+        "        if self.ctx.rank:  # a rank-conditional collective\n"
+        "            dist.all_reduce(train_loss)\n",
+        (f"{T_TRAINER}::test_every_rank_issues_the_same_collectives_through_train_eval_save_and"
+         "_logging",),
+    ),
+    Mutant(
+        "predictions-not-reordered", "predict writes each sample's own prediction", EVALUATION,
+        "order = index.argsort()", "order = torch.arange(len(index))",
+        (f"{T_CLI}::test_train_eval_predict_end_to_end",),
+    ),
+    Mutant(
+        "dataset-serves-prebuilt-batches", "plain DataLoader contract", DATA,
+        "    def batch(self, indices: list[int])",
+        "    def __getitems__(self, indices: list[int]) -> list:\n"
+        "        return [_Batch(self.batch(indices))]\n\n"
+        "    def batch(self, indices: list[int])",
+        (f"{T_DATA}::test_built_datasets_work_with_a_plain_dataloader_and_default_collation",),
+    ),
+    Mutant(
         "fingerprint-never-compared", "collective fingerprint: a real mismatch caught",
         COLLECTIVES, "if len(set(seen)) > 1:", "if False:",
         (f"{T_HARNESS}::test_mismatched_collective_order_fails_naming_both_collectives",),
