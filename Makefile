@@ -28,6 +28,10 @@ gpu: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check refddp tests benchmarks conftest.py
 
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/trainer_overhead.py
+
 clean:
 	rm -rf $(VENV) runs
 

@@ -1,13 +1,19 @@
-"""refddp.train against a minimal hand-written DDP loop doing the same work, 2 gloo ranks.
+"""refddp.train against the loops people would otherwise write: a plain DDP loop (the ceiling)
+and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks.
 
-    python benchmarks/trainer_overhead.py [REPEATS]
+    python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large] [--ranks 1,2]
 
-Same model, data, global batch, optimizer, one epoch, one evaluation, one checkpoint. Both go
-through the elastic agent. Goal (issue 7): refddp >= 0.97x the plain loop's speed.
+For each (model, ranks) the three run interleaved, in a rotating order, so drift in machine
+load hits all alike. Reported per run: steady-state training samples/s (refddp: from its
+history.jsonl; the baselines count their own) and wall time of the whole command (start-up,
+training, per-epoch evaluation and checkpoint). Goal (issue 13): refddp >= 0.97x the plain
+loop's throughput on both models at 1 and 2 ranks, and ahead of Accelerate.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -15,77 +21,75 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plain_ddp_loop import CONFIG  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from overhead_job import MODELS, Job, steady_samples_per_s  # noqa: E402
 from record import write  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+RUNNERS = ("plain", "accelerate", "refddp")
 
 
-def timed(cmd: list[str]) -> float:
+def command(runner: str, job: Job, ranks: int, out: str) -> list[str]:
+    if runner == "refddp":
+        return [sys.executable, "-m", "refddp.train", "--nproc", str(ranks), "--no-progress",
+                "--resume", "never", "--out", out, *job.refddp_flags()]  # fmt: skip
+    script = os.path.join(HERE, f"{'plain_ddp' if runner == 'plain' else 'accelerate'}_loop.py")
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+    return [*launcher, script, "--model", job.model, "--out", out]
+
+
+def run_once(runner: str, job: Job, ranks: int, out: str) -> dict[str, float]:
     begin = time.perf_counter()
-    subprocess.run(
-        cmd,
-        check=True,
-        env=ENV,
-        cwd=os.path.dirname(HERE),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - begin
+    proc = subprocess.run(command(runner, job, ranks, out), env=ENV, cwd=os.path.dirname(HERE),
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    wall = time.perf_counter() - begin
+    if proc.returncode != 0:
+        raise SystemExit(f"{runner} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    if runner == "refddp":
+        samples_per_s = steady_samples_per_s(os.path.join(out, "history.jsonl"))
+    else:
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
+        samples_per_s = json.loads(line)["samples_per_s"]
+    return {"samples_per_s": samples_per_s, "wall_s": wall}
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in CONFIG.items()]
-    plain, ours = [], []
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", default="demo,large")
+    parser.add_argument("--ranks", default="1,2")
+    args = parser.parse_args()
+    results, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):  # interleaved, so drift in machine load hits both alike
-            plain.append(
-                timed(
-                    [
-                        sys.executable,
-                        "-m",
-                        "torch.distributed.run",
-                        "--standalone",
-                        "--nproc-per-node",
-                        "2",
-                        os.path.join(HERE, "plain_ddp_loop.py"),
-                        os.path.join(tmp, f"plain{i}"),
-                    ]
+        for model in args.models.split(","):
+            assert model in MODELS, model
+            for ranks in map(int, args.ranks.split(",")):
+                job = Job(model)
+                runs: dict[str, list[dict[str, float]]] = {r: [] for r in RUNNERS}
+                for i in range(args.repeats):
+                    order = RUNNERS[i % 3 :] + RUNNERS[: i % 3]
+                    for runner in order:
+                        out = os.path.join(tmp, f"{model}-{ranks}-{runner}-{i}")
+                        runs[runner].append(run_once(runner, job, ranks, out))
+                med = {
+                    r: {k: statistics.median(x[k] for x in runs[r]) for k in ("samples_per_s", "wall_s")}
+                    for r in RUNNERS
+                }
+                entry = {"model": model, "ranks": ranks, "median": med, "runs": runs,
+                         "throughput_vs_plain": med["refddp"]["samples_per_s"] / med["plain"]["samples_per_s"],
+                         "throughput_vs_accelerate": med["refddp"]["samples_per_s"] / med["accelerate"]["samples_per_s"]}  # fmt: skip
+                results.append(entry)
+                rows.append(
+                    f"{model:6} {ranks} rank(s) | "
+                    + " | ".join(f"{r} {med[r]['samples_per_s']:8.0f}/s {med[r]['wall_s']:5.1f} s" for r in RUNNERS)
+                    + f" | refddp/plain {entry['throughput_vs_plain']:.3f}x, /accelerate {entry['throughput_vs_accelerate']:.3f}x"
                 )
-            )
-            ours.append(
-                timed(
-                    [
-                        sys.executable,
-                        "-m",
-                        "refddp.train",
-                        "--nproc",
-                        "2",
-                        "--no-progress",
-                        "--resume",
-                        "never",
-                        "--out",
-                        os.path.join(tmp, f"refddp{i}"),
-                        *flags,
-                    ]
-                )
-            )
-    result = {
-        "plain_median_s": statistics.median(plain),
-        "refddp_median_s": statistics.median(ours),
-        "plain_all_s": plain,
-        "refddp_all_s": ours,
-        "speed_ratio": statistics.median(plain) / statistics.median(ours),
-    }
-    table = (
-        f"plain DDP loop   {result['plain_median_s']:.2f} s (median of {repeats})\n"
-        f"refddp.train     {result['refddp_median_s']:.2f} s\n"
-        f"refddp speed     {result['speed_ratio']:.3f}x the plain loop (goal >= 0.97x)"
-    )
-    write("trainer_overhead", result, table)
+                print(rows[-1], flush=True)
+    header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
+    write("trainer_overhead", results, "\n".join([header, *rows]))
 
 
 if __name__ == "__main__":

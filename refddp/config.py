@@ -80,6 +80,12 @@ class TrainConfig:
     num_workers: int = _opt(0, "DataLoader worker processes per rank")
     seed: int = _opt(0, "seed for data generation, initialisation, shuffling and dropout")
     deterministic: bool = _opt(False, "use deterministic algorithms only")
+    strategy: str = _opt(
+        "ddp",
+        "how the model is spread over ranks: ddp (replicated) or fsdp (FSDP2 fully_shard: "
+        "parameters, gradients and optimizer state sharded)",
+        ("ddp", "fsdp"),
+    )
     find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters (costs a graph walk)")
     compile: bool = _opt(False, "torch.compile the model")
     out: str = _opt("runs/default", "run directory", inherit=False)

@@ -1,0 +1,267 @@
+"""How the model is spread over the ranks: DDP (replicated) or FSDP2 (sharded), one interface.
+
+The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly:
+
+- ``module``: what the loop calls forward on;
+- ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
+- ``agree(flags)``: every rank learns, per flag, whether any rank raised it. Under DDP the flags
+  ride the step's own gradient all-reduce (a comm hook appends them to the last bucket), so the
+  per-step agreement costs no extra collective; under FSDP it is one small all-reduce;
+- ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
+  torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
+  FSDP and one process) and ``load_state`` (the reverse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from refddp.config import ConfigError, TrainConfig
+from refddp.dist import DistContext
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+class Parallel:
+    """The DDP strategy: every rank holds the whole model; gradients are all-reduced."""
+
+    name = "ddp"
+
+    def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
+        self.model, self.ctx = model, ctx
+        device = torch.device(ctx.device)
+        # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
+        self.wrapped = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=c.find_unused_parameters,
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
+        )
+        self._flags = _FlagHook(device)
+        self.wrapped.register_comm_hook(self._flags, _allreduce_with_flags)
+        self.module: nn.Module = torch.compile(self.wrapped) if c.compile else self.wrapped
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return self.wrapped.no_sync()
+
+    def set_flags(self, flags: torch.Tensor) -> None:
+        """The flags the next gradient all-reduce carries (set before the last backward)."""
+        self._flags.local = flags
+        self._flags.agreed = None
+
+    def agree(self, flags: torch.Tensor) -> torch.Tensor:
+        """Summed over ranks: taken from the gradient all-reduce if it carried ``flags``."""
+        if self._flags.agreed is not None and self._flags.local is flags:
+            return self._flags.agreed
+        return _all_reduce_sum(flags)  # no gradient was reduced (nothing trainable this step)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def model_state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_state(
+        self,
+        model_state: dict[str, Any],
+        optimizer: torch.optim.Optimizer | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        self.model.load_state_dict(model_state)
+        if optimizer is not None and optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+
+    def local_numel(self) -> int:
+        """Parameter elements this rank stores."""
+        return sum(p.numel() for p in self.model.parameters())
+
+
+class _FlagHook:
+    """State of the DDP comm hook that carries the step's flags with the last bucket."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.local: torch.Tensor | None = None
+        self.agreed: torch.Tensor | None = None
+
+
+def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
+    """(A ``dist.GradBucket`` -> ``Future[Tensor]`` comm hook; unannotated because DDP checks
+    annotations at run time and this module's are strings.)
+
+    DDP's default all-reduce (average by pre-dividing, as its C++ path does), plus flags.
+
+    The last bucket of the step also carries ``state.local``, summed, into ``state.agreed``.
+    """
+    world = dist.get_world_size()
+    grads = bucket.buffer().div_(world)
+    if state.local is None or not bucket.is_last():
+        fut = dist.all_reduce(grads, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+    flags = state.local
+    joined = torch.cat([grads, flags.to(grads.dtype)])
+    fut = dist.all_reduce(joined, async_op=True).get_future()
+
+    def split(f: torch.futures.Future) -> torch.Tensor:
+        out = f.value()[0]
+        state.agreed = out[-len(flags) :].to(flags.dtype)
+        return out[: -len(flags)]
+
+    return fut.then(split)
+
+
+def _all_reduce_sum(flags: torch.Tensor) -> torch.Tensor:
+    flags = flags.clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags)
+    return flags
+
+
+class FullyShardedParallel(Parallel):
+    """FSDP2: each rank stores 1/N of every parameter, its gradient and its optimizer state.
+
+    Blocks (the built-in models' layers, or what a user model lists in ``fsdp_blocks``) and
+    the root are each a ``fully_shard`` unit on an explicit 1-D mesh of this group's devices.
+    """
+
+    name = "fsdp"
+
+    def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.model, self.ctx = model, ctx
+        device = torch.device(ctx.device)
+        # Never the default mesh: it picks the accelerator's device type even on a gloo group.
+        mesh = init_device_mesh(device.type, (ctx.world_size,))
+        policy = MixedPrecisionPolicy()
+        if c.amp == "bf16":
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in fsdp_blocks(model):
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.wrapped = model
+        self.module = torch.compile(model) if c.compile else model
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return _without_gradient_sync(self.model)
+
+    def set_flags(self, flags: torch.Tensor) -> None:
+        pass
+
+    def agree(self, flags: torch.Tensor) -> torch.Tensor:
+        return _all_reduce_sum(flags)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """The full model, on rank 0's CPU ({} elsewhere): a collective, every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Full optimizer state in ``optimizer.state_dict()``'s layout (parameter indices), on
+        rank 0 ({} elsewhere): a collective, every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        by_name = get_optimizer_state_dict(self.model, optimizer, options=options)
+        return _names_to_indices(by_name, self.model) if by_name else {}
+
+    def load_state(
+        self,
+        model_state: dict[str, Any],
+        optimizer: torch.optim.Optimizer | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        """Every rank holds the full state; each keeps its own shard of it."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, dict(model_state), options=options)
+        if optimizer is not None and optimizer_state is not None:
+            by_name = _indices_to_names(optimizer_state, self.model)
+            set_optimizer_state_dict(self.model, optimizer, by_name, options=options)
+
+    def local_numel(self) -> int:
+        return sum(
+            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            for p in self.model.parameters()
+        )
+
+
+def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
+    """The sub-modules that each become an FSDP unit (gathered one at a time in forward).
+
+    A model may list them itself as ``fsdp_blocks`` (a list of modules, or a method returning
+    one); otherwise every direct child with parameters of a top-level ``nn.Sequential``
+    (``net``, ``features``) or of the model itself.
+    """
+    listed = getattr(model, "fsdp_blocks", None)
+    if listed is not None:
+        blocks = listed() if callable(listed) else listed
+        return [b for b in blocks if isinstance(b, nn.Module)]
+    blocks: list[nn.Module] = []
+    for child in model.children():
+        inner = list(child.children()) if isinstance(child, nn.Sequential) else [child]
+        blocks += [m for m in inner if any(True for _ in m.parameters(recurse=True))]
+    return blocks
+
+
+@contextlib.contextmanager
+def _without_gradient_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def _names_to_indices(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """FQN-keyed optimizer state (torch.distributed.checkpoint) to optimizer.state_dict()'s."""
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def _indices_to_names(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    names = [name for name, _ in model.named_parameters()]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[int(i)]: s for i, s in state["state"].items()}, "param_groups": groups}
+
+
+def check_strategy(c: TrainConfig) -> None:
+    """Combinations refused before any rank starts."""
+    if c.strategy == "fsdp" and c.amp == "fp16":
+        raise ConfigError(
+            "amp: fp16 needs a gradient scaler that FSDP's sharded gradients do not have here; "
+            "use --amp bf16 (or off) with --strategy fsdp"
+        )
+
+
+def build_parallel(model: nn.Module, c: TrainConfig, ctx: DistContext) -> Parallel:
+    """Wrap ``model`` (already on this rank's device) for ``c.strategy``."""
+    if c.strategy == "fsdp":
+        return FullyShardedParallel(model, c, ctx)
+    return Parallel(model, c, ctx)
