@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -304,3 +306,39 @@ def test_pools_are_keyed_by_world_size(spawn):
     spawn(whoami, world_size=2)
     spawn(whoami, world_size=3)
     assert {(2, "gloo"), (3, "gloo")} <= {key[:2] for key in _pools}
+
+
+OUTSIDE_PYTEST = """
+import sys
+from refddp.testing import RankSkipped, spawn_ranks
+from refddp.testing.pool import RankPool
+
+
+def skip_here():
+    import pytest
+
+    pytest.skip("not on this rank")
+
+
+if __name__ == "__main__":
+    try:
+        spawn_ranks(skip_here)
+    except RankSkipped as skip:
+        print("skipped:", skip.reason)
+    print("driver imported pytest:", any(m.split(".")[0] in ("pytest", "_pytest") for m in sys.modules))
+    pool = RankPool(2)
+    ranks = pool.procs
+    pool.close()
+    print("ranks exited with:", [rank.returncode for rank in ranks])
+"""
+
+
+def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(OUTSIDE_PYTEST)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=True
+    ).stdout
+    assert "skipped: not on this rank" in out, "a rank's skip is a RankSkipped outside pytest"
+    assert "driver imported pytest: False" in out
+    assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
