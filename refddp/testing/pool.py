@@ -36,6 +36,7 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
+from refddp.testing.reports import PoolFiles
 
 DEFAULT_TIMEOUT_S = 60.0
 FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simultaneous others
@@ -44,7 +45,6 @@ FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simul
 ONE_SIDED_CONFIRM_S = 2.0
 HANG_POLL_S = 0.2
 STOP_GRACE_S = 5.0  # for ranks to save their coverage data and exit, after Stop or SIGTERM
-OUTPUT_TAIL_LINES = 40
 
 
 def rank_environment(
@@ -89,6 +89,7 @@ class RankPool:
 
         self.world_size, self.backend = world_size, backend
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
+        self.files = PoolFiles(self.workdir, world_size, backend)
         self.sound = True
         self._store = loopback_store()
         env = rank_environment(backend, debug, devices, self.workdir)
@@ -97,7 +98,7 @@ class RankPool:
         self.conns: list[Connection] = []
         for rank in range(world_size):
             ours, theirs = socket.socketpair()
-            out = open(self._out_path(rank), "wb")  # noqa: SIM115 - the child owns it
+            out = open(self.files.out_path(rank), "wb")  # noqa: SIM115 - the child owns it
             cmd = [
                 sys.executable,
                 "-m",
@@ -134,7 +135,7 @@ class RankPool:
         if errors or missing:
             self.close()
             failures = {**errors, **{r: "did not start in time" for r in missing}}
-            raise RankFailure(self._report("pool failed to start", failures, {}), failures)
+            raise RankFailure(self.files.report("pool failed to start", failures, {}), failures)
 
     # -- running tasks -----------------------------------------------------------------------
 
@@ -162,7 +163,7 @@ class RankPool:
         module_names = {getattr(fn, "__module__", None), *extra_modules} - {None}
         modules = [(n, getattr(sys.modules.get(n), "__file__", None)) for n in module_names]
         task = RunTask(payload, list(sys.path), modules, rank_fixtures)
-        offsets = [self._out_size(r) for r in range(self.world_size)]
+        offsets = [self.files.out_size(r) for r in range(self.world_size)]
         try:
             for conn in self.conns:
                 conn.send(task)
@@ -175,11 +176,11 @@ class RankPool:
         failures = {r: _failure_text(m) for r, m in replies.items() if isinstance(m, FAILURES)}
         pending = [r for r in range(self.world_size) if r not in replies]
         if failures or pending:
-            stacks = self._dump_stacks(pending)
+            stacks = self.files.dump_stacks({r: self.procs[r].pid for r in pending})
             if failures:
                 headline = f"rank(s) {sorted(failures)} failed"
                 error: RankFailure = RankFailure(
-                    self._report(headline, failures, stacks, offsets), failures
+                    self.files.report(headline, failures, stacks, offsets), failures
                 )
             else:
                 if one_sided:
@@ -190,12 +191,12 @@ class RankPool:
                     )
                 else:
                     headline = f"rank(s) {pending} did not finish within {timeout_s:g} s"
-                error = RankTimeout(self._report(headline, {}, stacks, offsets), stacks)
+                error = RankTimeout(self.files.report(headline, {}, stacks, offsets), stacks)
             self.close(busy=pending)
             raise error
 
         self._check_health([m.health for _, m in sorted(replies.items())])
-        self._echo_output(offsets)
+        self.files.echo_output(offsets)
         skips = [m.reason for m in replies.values() if isinstance(m, Skipped)]
         if skips:
             raise RankSkipped(skips[0])
@@ -269,81 +270,6 @@ class RankPool:
         ok = all(h.initialized and h.world_size == self.world_size for h in health)
         if not ok or len(sequences) > 1:
             self.sound = False
-
-    # -- reports -----------------------------------------------------------------------------
-
-    def _out_path(self, rank: int) -> str:
-        return os.path.join(self.workdir, f"rank{rank}.out")
-
-    def _out_size(self, rank: int) -> int:
-        try:
-            return os.path.getsize(self._out_path(rank))
-        except OSError:
-            return 0
-
-    def _output(self, rank: int, offset: int) -> str:
-        try:
-            with open(self._out_path(rank), "rb") as f:
-                f.seek(offset)
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def _echo_output(self, offsets: list[int]) -> None:
-        for rank, offset in enumerate(offsets):
-            for line in self._output(rank, offset).splitlines():
-                print(f"[rank {rank}] {line}")
-
-    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Every thread's Python stack of each listed (still running) rank, via faulthandler."""
-        if not ranks:
-            return {}
-        paths = {r: os.path.join(self.workdir, f"rank{r}.stack") for r in ranks}
-        before = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
-        for r in ranks:
-            try:
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        deadline, last = time.monotonic() + 2.0, None
-        while time.monotonic() < deadline:  # until every dump has stopped growing
-            time.sleep(0.05)
-            sizes = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
-            if sizes == last and all(sizes[r] > before[r] for r in ranks):
-                break
-            last = sizes
-        stacks = {}
-        for r, p in paths.items():
-            with open(p, "rb") as f:
-                f.seek(before[r])
-                text = f.read().decode(errors="replace").strip() or "(no stack could be read)"
-            last_collective = read_slot(slot_path_for(self.workdir, r)).last or "none"
-            stacks[r] = f"last collective entered: {last_collective}\nstack (all threads):\n{text}"
-        return stacks
-
-    def _report(
-        self,
-        headline: str,
-        failures: dict[int, str],
-        stacks: dict[int, str],
-        offsets: list[int] | None = None,
-    ) -> str:
-        lines = [f"{headline} (world_size={self.world_size}, backend={self.backend})"]
-        for rank in range(self.world_size):
-            if rank in failures:
-                lines.append(f"--- rank {rank} failed:")
-                lines += ["    " + ln for ln in failures[rank].rstrip().splitlines()]
-            elif rank in stacks:
-                lines.append(f"--- rank {rank} was still running:")
-                lines += ["    " + ln for ln in stacks[rank].rstrip().splitlines()]
-            else:
-                lines.append(f"--- rank {rank} finished")
-        for rank in range(self.world_size):
-            out = self._output(rank, offsets[rank] if offsets else 0).splitlines()
-            if out:
-                lines.append(f"--- rank {rank} output (last {OUTPUT_TAIL_LINES} lines):")
-                lines += [f"[rank {rank}] {ln}" for ln in out[-OUTPUT_TAIL_LINES:]]
-        return "\n".join(lines)
 
     # -- life cycle --------------------------------------------------------------------------
 
