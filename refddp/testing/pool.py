@@ -115,6 +115,8 @@ class RankPool:
                 str(self._store.port),
                 "--workdir",
                 self.workdir,
+                "--driver-pid",
+                str(os.getpid()),
             ]
             proc = subprocess.Popen(
                 cmd,

@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--backend", required=True)
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--init-timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
     args = parser.parse_args()
@@ -168,6 +169,10 @@ def main() -> None:
         # SIGTERM (the driver's second way to stop a busy rank) saves this rank's data too.
         signal.signal(signal.SIGTERM, lambda *_: _exit(cov, 128 + signal.SIGTERM))
     exit_with_parent()
+    if os.getppid() != args.driver_pid:
+        # The driver died before the line above began watching it: nobody will ever send
+        # work, and waiting for the store would keep this rank alive for minutes.
+        _exit(cov, 3)
     stack_file = open(os.path.join(args.workdir, f"rank{args.rank}.stack"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     collectives.install(collectives.slot_path_for(args.workdir, args.rank))

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -342,3 +343,16 @@ def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
     assert "skipped: not on this rank" in out, "a rank's skip is a RankSkipped outside pytest"
     assert "driver imported pytest: False" in out
     assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
+
+
+def test_rank_whose_driver_died_before_it_started_exits_at_once(tmp_path):
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        rank = subprocess.run(
+            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(theirs.fileno())]
+            + ["--rank", "0", "--world-size", "2", "--backend", "gloo", "--store-port", "9"]
+            + ["--workdir", str(tmp_path), "--driver-pid", str(2**22 + 1)],  # never its parent
+            pass_fds=(theirs.fileno(),),
+            timeout=60,
+        )
+    assert rank.returncode == 3, "an orphan must not wait for a store nobody serves"
