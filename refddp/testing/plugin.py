@@ -1,7 +1,7 @@
 """pytest glue for the harness: markers, options, the ``spawn`` / ``dist_ctx`` fixtures.
 
-Loaded through the ``pytest11`` entry point. It imports torch only when a distributed test
-runs, so projects that merely have refddp installed pay nothing.
+Loaded through the ``pytest11`` entry point. It starts no process until a distributed test
+runs; the first one at each world size starts that size's pool.
 
 Rank-side tests (``@pytest.mark.multiproc`` without ``spawn``) get on each rank: ``dist_ctx``
 and a per-test ``monkeypatch`` made there (``protocol.RANK_FIXTURES``), ``tmp_path`` /
@@ -13,7 +13,6 @@ belong to the pytest process; asking for one is a collection error naming it.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,8 +80,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _stop_pools_and_leases() -> None:
-    if "refddp.testing.pool" not in sys.modules:
-        return  # no distributed test ran: torch was never imported, nothing to stop
     from refddp.testing.gpus import release_devices
     from refddp.testing.pool import shutdown_pools
 
