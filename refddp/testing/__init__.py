@@ -8,12 +8,13 @@ and the ``multiproc``, ``world_size`` and ``gpu`` markers need no import. Outsid
 """
 
 from refddp.testing.collectives import record_collectives
-from refddp.testing.context import DistContext, RankFailure, RankTimeout
+from refddp.testing.context import DistContext, RankFailure, RankSkipped, RankTimeout
 from refddp.testing.pool import shutdown_pools, spawn_ranks
 
 __all__ = [
     "DistContext",
     "RankFailure",
+    "RankSkipped",
     "RankTimeout",
     "record_collectives",
     "shutdown_pools",

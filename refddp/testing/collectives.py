@@ -9,7 +9,8 @@ ranks' (``enable_fingerprint_check``), so a mismatch fails with both collectives
 Why our own check rather than torch's: with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps each
 new group in ``ProcessGroupWrapper``, and in torch 2.13 constructing DDP on such a gloo group
 segfaults (DDP's logger casts the wrapper to ProcessGroupGloo). This check also compares the
-reduce op, which the wrapper's fingerprint leaves out.
+reduce op and the src/dst root, which the wrapper's fingerprint leaves out, and compares calls
+after filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` agree.
 
 Only calls made through the ``torch.distributed`` namespace are seen; DDP's gradient
 all-reduce runs in C++ and shows up in the process group's sequence number instead
@@ -19,11 +20,12 @@ all-reduce runs in C++ and shows up in the process group's sequence number inste
 from __future__ import annotations
 
 import contextlib
+import inspect
 import mmap
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 _COLLECTIVES = (
     "all_gather",
@@ -52,7 +54,8 @@ _COLLECTIVES = (
 _SLOT_BYTES = 1024
 
 # Ops whose tensors legitimately differ between ranks (uneven splits, src/dst-only lists):
-# only their names are compared. Point-to-point ops pair different calls, so are not checked.
+# only their names, roots (src/dst) and groups are compared. Point-to-point ops pair
+# different calls, so are not checked.
 _NAME_ONLY = {
     "all_to_all",
     "all_to_all_single",
@@ -65,64 +68,107 @@ _NAME_ONLY = {
 }
 # monitored_barrier exists to name a missing rank; a fingerprint exchange would hang on it.
 _UNCHECKED = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "monitored_barrier"}
+_NONBLOCKING = {"isend", "irecv", "batch_isend_irecv"}
 _FINGERPRINT_BYTES = 256
+
+_ROOT_ARGS = (("src", "group_src"), ("dst", "group_dst"))
+_STATE_OUTSIDE, _STATE_IN_WORLD, _STATE_IN_SUBGROUP = b"-", b"W", b"G"
 
 _installed = False
 _slot: mmap.mmap | None = None
 _recorders: list[list[str]] = []
-_count = 0
-_checked_count = 0
+_count = 0  # collectives entered in the current task (the "#N" of every report)
 _checker: Any = None  # the helper process group fingerprints are exchanged on
+_signatures: dict[str, inspect.Signature] = {}
 
 
 class CollectiveMismatch(RuntimeError):
     """Ranks issued different collectives at the same point on the default group."""
 
 
-def _describe(name: str, args: tuple, kwargs: dict) -> str:
+def _shape(value: Any) -> str | None:
     import torch
 
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor):
+        return f"[{len(value)}x{tuple(value[0].shape)}]"
+    return None
+
+
+def _op_name(op: Any) -> str:
+    # ReduceOp.SUM is a RedOpType; ReduceOp(ReduceOp.SUM) wraps one in `.op`.
+    return str(getattr(getattr(op, "op", op), "name", op))
+
+
+def _group_ranks(group: Any) -> list[int] | None:
+    """None for the default group (however it was named), else the group's global ranks."""
+    import torch.distributed as dist
+
+    if group is None or group is dist.group.WORLD:
+        return None
+    if group is dist.distributed_c10d._get_default_group():
+        return None
+    return list(dist.get_process_group_ranks(group))
+
+
+def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults filled in: `all_reduce(t)` and
+    `all_reduce(t, op=SUM)` bind to the same values."""
+    signature = _signatures.get(name)
+    if signature is None:
+        signature = _signatures[name] = inspect.signature(fn)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:  # let torch raise its own error for a bad call
+        return dict(kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _describe(name: str, call: dict[str, Any], shapes: bool = True) -> str:
+    """`all_reduce((4,):float32, SUM)`, `broadcast((4,):float32, src=1, group=[0, 2])`."""
     parts = []
-    for value in list(args) + list(kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            parts.append(f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}")
-        elif isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor):
-            parts.append(f"[{len(value)}x{tuple(value[0].shape)}]")
-        elif hasattr(value, "name") and type(value).__name__ == "RedOpType":
-            parts.append(value.name)
+    if shapes:
+        parts += [s for s in map(_shape, call.values()) if s is not None]
+    if "op" in call:
+        parts.append(_op_name(call["op"]))
+    for plain, in_group in _ROOT_ARGS:
+        if call.get(plain) is not None:
+            parts.append(f"{plain}={call[plain]}")
+        elif call.get(in_group) is not None:
+            parts.append(f"{in_group}={call[in_group]}")
+    ranks = _group_ranks(call.get("group"))
+    if ranks is not None:
+        parts.append(f"group={ranks}")
     return f"{name}({', '.join(parts)})"
 
 
-def _on_default_group(args: tuple, kwargs: dict) -> bool:
-    import torch.distributed as dist
+def _check_fingerprint(signature: str) -> None:
+    """All-gather this collective's signature; raise on every rank if any rank differs.
 
-    groups = [a for a in (*args, *kwargs.values()) if isinstance(a, dist.ProcessGroup)]
-    default = dist.distributed_c10d._get_default_group()
-    return all(g is default or g == dist.group.WORLD for g in groups)
-
-
-def _check_fingerprint(name: str, signature: str) -> None:
-    """All-gather this collective's fingerprint; raise on every rank if any rank differs."""
+    The all-gathers themselves pair the k-th checked collective of every rank, so only the
+    signature is compared; the "#N" shown is each rank's own count for the current task.
+    """
     import torch
     import torch.distributed as dist
 
-    global _checked_count
-    _checked_count += 1
-    text = f"#{_checked_count} " + (name if name in _NAME_ONLY else signature)
-    data = text.encode()[:_FINGERPRINT_BYTES].ljust(_FINGERPRINT_BYTES, b"\0")
-    mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    data = signature.encode()[:_FINGERPRINT_BYTES].ljust(_FINGERPRINT_BYTES, b"\0")
+    mine = torch.frombuffer(bytearray(data + _count.to_bytes(8, "little")), dtype=torch.uint8)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(_checker))]
     dist.distributed_c10d.all_gather(everyone, mine, group=_checker)
-    seen = [bytes(t.tolist()).rstrip(b"\0").decode(errors="replace") for t in everyone]
+    raw = [bytes(t.tolist()) for t in everyone]
+    seen = [r[:_FINGERPRINT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
     if len(set(seen)) > 1:
-        listed = "; ".join(f"rank {r} is running {s}" for r, s in enumerate(seen))
+        counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
+        listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
         raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
 
 
 def reset_count() -> None:
-    """Number fingerprints from 1 again (at the start of each harness task)."""
-    global _checked_count
-    _checked_count = 0
+    """Number collectives from #1 again (at the start of each harness task)."""
+    global _count
+    _count = 0
 
 
 def enable_fingerprint_check(helper_group: Any) -> None:
@@ -132,21 +178,40 @@ def enable_fingerprint_check(helper_group: Any) -> None:
     _checker = helper_group
 
 
+def _write_slot(state: bytes, text: str) -> None:
+    if _slot is not None:
+        data = state + text.encode()[: _SLOT_BYTES - 2]
+        _slot[:] = data + b"\0" * (_SLOT_BYTES - len(data))
+
+
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
         global _count
         _count += 1
-        signature = _describe(name, args, kwargs)
+        call = _bind(name, fn, args, kwargs)
+        signature = _describe(name, call)
         for log in _recorders:
             log.append(signature)
+        on_world = _group_ranks(call.get("group")) is None
         if _slot is not None:
             caller = sys._getframe(1)
             where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
-            text = f"#{_count} {signature} at {where}".encode()[: _SLOT_BYTES - 1]
-            _slot[:] = text + b"\0" * (_SLOT_BYTES - len(text))
-        if _checker is not None and name not in _UNCHECKED and _on_default_group(args, kwargs):
-            _check_fingerprint(name, signature)
-        return fn(*args, **kwargs)
+            # Async ops return at once, so they never count as "inside"; a blocking send or
+            # recv waits on one peer only, like a subgroup collective.
+            blocking = name not in _NONBLOCKING and not call.get("async_op")
+            whole_world = on_world and name not in ("send", "recv")
+            state = _STATE_OUTSIDE
+            if blocking:
+                state = _STATE_IN_WORLD if whole_world else _STATE_IN_SUBGROUP
+            _write_slot(state, f"#{_count} {signature} at {where}")
+        try:
+            if _checker is not None and name not in _UNCHECKED and on_world:
+                fingerprint = _describe(name, call, shapes=name not in _NAME_ONLY)
+                _check_fingerprint(fingerprint)
+            return fn(*args, **kwargs)
+        finally:
+            if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
+                _slot[:1] = _STATE_OUTSIDE
 
     traced.__wrapped__ = fn  # type: ignore[attr-defined]
     traced.__name__ = name
@@ -166,6 +231,7 @@ def install(slot_path: str | None = None) -> None:
         with open(slot_path, "w+b") as f:
             f.truncate(_SLOT_BYTES)
             _slot = mmap.mmap(f.fileno(), _SLOT_BYTES)
+        _write_slot(_STATE_OUTSIDE, "")
     if _installed:
         return
     for name in _COLLECTIVES:
@@ -174,18 +240,27 @@ def install(slot_path: str | None = None) -> None:
     _installed = True
 
 
-def read_slot(slot_path: str) -> str:
-    """The last collective a rank entered, as written to its slot file ('' if none)."""
+class SlotReading(NamedTuple):
+    last: str  # "#3 barrier() at file.py:12 in step", or "" before the first collective
+    inside: bool  # still blocked in it
+    on_world: bool  # it involves every rank of the default group
+
+
+def read_slot(slot_path: str) -> SlotReading:
+    """The last collective a rank entered, as written to its slot file."""
     try:
         with open(slot_path, "rb") as f:
-            return f.read(_SLOT_BYTES).split(b"\0", 1)[0].decode(errors="replace")
+            data = f.read(_SLOT_BYTES)
     except OSError:
-        return ""
+        return SlotReading("", False, False)
+    state, text = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
+    return SlotReading(text, state != _STATE_OUTSIDE, state == _STATE_IN_WORLD)
 
 
 @contextlib.contextmanager
 def record_collectives() -> Iterator[list[str]]:
-    """Collect the signature (name, shapes, dtype, op) of every collective issued inside."""
+    """Collect the signature of every collective issued inside: name, shapes and dtypes, and
+    with defaults filled in the reduce op, the src/dst root and the group when not the world."""
     install()
     log: list[str] = []
     _recorders.append(log)

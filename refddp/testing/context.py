@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from refddp.dist import DistContext
 
-__all__ = ["DistContext", "RankFailure", "RankTimeout"]
+__all__ = ["DistContext", "RankFailure", "RankSkipped", "RankTimeout"]
 
 
 class RankFailure(AssertionError):
@@ -21,3 +21,12 @@ class RankFailure(AssertionError):
 
 class RankTimeout(RankFailure):
     """The deadline passed; ``failures`` maps each unfinished rank to its stack at that moment."""
+
+
+class RankSkipped(Exception):
+    """A rank asked to skip the task (``pytest.skip`` inside it); the plugin turns it back into
+    a skip, so the driver side needs no pytest."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

@@ -1,7 +1,13 @@
 """pytest glue for the harness: markers, options, the ``spawn`` / ``dist_ctx`` fixtures.
 
-Loaded through the ``pytest11`` entry point. It imports torch only when a distributed test
-runs, so projects that merely have refddp installed pay nothing.
+Loaded through the ``pytest11`` entry point. It starts no process until a distributed test
+runs; the first one at each world size starts that size's pool.
+
+Rank-side tests (``@pytest.mark.multiproc`` without ``spawn``) get on each rank: ``dist_ctx``
+and a per-test ``monkeypatch`` made there (``protocol.RANK_FIXTURES``), ``tmp_path`` /
+``tmpdir`` (one directory all ranks share) and a project's own fixtures, whose values are
+pickled to the ranks. pytest's other built-in fixtures (``capsys``, ``caplog``, ``request``...)
+belong to the pytest process; asking for one is a collection error naming it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from typing import Any
 
 import pytest
 
+from refddp.testing.protocol import RANK_FIXTURES
+
 DEFAULT_WORLD_SIZE = 2
+SENT_BUILTIN_FIXTURES = ("tmp_path", "tmpdir")  # pytest's own fixtures whose values travel
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,13 +79,56 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def _stop_pools_and_leases() -> None:
+    from refddp.testing.gpus import release_devices
     from refddp.testing.pool import shutdown_pools
 
     shutdown_pools()
-    for lease in _gpu_leases.values():
-        lease.release()
-    _gpu_leases.clear()
+    release_devices()
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtestloop(session: pytest.Session) -> Any:
+    # trylast: inside pytest-cov's wrapper of this hook, which combines coverage data as it
+    # returns. Ranks save theirs as they stop, so they must have stopped by then.
+    try:
+        return (yield)
+    finally:
+        _stop_pools_and_leases()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_pools_and_leases()  # a session interrupted before its test loop
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    items = yield
+    for item in items if isinstance(items, list) else [items]:
+        if isinstance(item, pytest.Function) and _is_rank_side(item):
+            problem = _unsupported_rank_fixture(item)
+            if problem is not None:
+                raise collector.CollectError(f"{item.nodeid}: {problem}")
+    return items
+
+
+def _unsupported_rank_fixture(item: pytest.Function) -> str | None:
+    """Why a rank-side test's fixtures cannot work on the ranks, in one line, or None."""
+    direct = getattr(getattr(item, "callspec", None), "params", {})
+    for name in item._fixtureinfo.argnames:
+        if name in RANK_FIXTURES or name in SENT_BUILTIN_FIXTURES or name in direct:
+            continue
+        defs = item._fixtureinfo.name2fixturedefs.get(name, ())
+        builtin = name == "request" or any(
+            getattr(d.func, "__module__", "").startswith("_pytest.") for d in defs
+        )
+        if builtin:
+            return (
+                f"fixture {name!r} cannot be used in a rank-side test (@pytest.mark.multiproc): "
+                f"ranks get {', '.join(RANK_FIXTURES + SENT_BUILTIN_FIXTURES)} and your own "
+                "fixtures with picklable values"
+            )
+    return None
 
 
 @pytest.fixture(autouse=True)
@@ -99,9 +151,6 @@ def _timeout(item: pytest.Item, explicit: float | None) -> float:
     return float(item.config.getoption("dist_timeout"))
 
 
-_gpu_leases: dict[int, Any] = {}
-
-
 def _run_on_ranks(
     item: pytest.Item,
     fn: Callable[..., Any],
@@ -110,36 +159,36 @@ def _run_on_ranks(
     world_size: int,
     backend: str | None,
     timeout: float | None,
+    rank_fixtures: tuple[str, ...] = (),
 ) -> list[Any]:
     __tracebackhide__ = True
-    from refddp.testing.gpus import GpuLease, gpu_skip_reason
-    from refddp.testing.pool import close_pool, get_pool
+    from refddp.testing.context import RankSkipped
+    from refddp.testing.gpus import gpu_skip_reason, lease_devices, release_devices
+    from refddp.testing.pool import close_pool, run_on_pool
 
     gpu = item.get_closest_marker("gpu") is not None
     backend = backend or ("nccl" if gpu else "gloo")
     deadline = _timeout(item, timeout)
     debug = bool(item.config.getoption("dist_debug"))
-    devices: tuple[int, ...] = ()
+    devices: tuple[str, ...] = ()
     under_xdist = "PYTEST_XDIST_WORKER" in os.environ
     if backend == "nccl":
         reason = gpu_skip_reason(world_size)
         if reason:
             pytest.skip(reason)
-        lease = _gpu_leases.get(world_size)
-        if lease is None:
-            lease = GpuLease(world_size, timeout_s=deadline).__enter__()
-            _gpu_leases[world_size] = lease
-        devices = lease.devices
+        devices = lease_devices(world_size, timeout_s=deadline)
     module = getattr(item, "module", None)
     extra = (module.__name__,) if module is not None else ()
-    pool = get_pool(world_size, backend, debug, devices)
+    key = (world_size, backend, debug, devices)
     try:
-        return pool.run(fn, args, kwargs, deadline, extra_modules=extra)
+        return run_on_pool(key, fn, args, kwargs, deadline, extra, rank_fixtures)
+    except RankSkipped as skip:
+        pytest.skip(skip.reason)
     finally:
         if devices and under_xdist:
             # Other workers may need these GPUs: give them back between tests.
-            close_pool(world_size, backend, debug, devices)
-            _gpu_leases.pop(world_size).release()
+            close_pool(*key)
+            release_devices()
 
 
 @pytest.fixture
@@ -180,7 +229,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if not _is_rank_side(pyfuncitem):
         return None
     __tracebackhide__ = True
-    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    names = pyfuncitem._fixtureinfo.argnames
+    made_on_ranks = tuple(name for name in names if name in RANK_FIXTURES)
+    # The driver's own values of rank-made fixtures stay here; each rank fills in its own.
+    kwargs = {name: None if name in made_on_ranks else pyfuncitem.funcargs[name] for name in names}
     world_size = pyfuncitem.funcargs["_refddp_world_size"]  # an autouse fixture: always there
-    _run_on_ranks(pyfuncitem, pyfuncitem.obj, (), kwargs, world_size, None, None)
+    _run_on_ranks(pyfuncitem, pyfuncitem.obj, (), kwargs, world_size, None, None, made_on_ranks)
     return True

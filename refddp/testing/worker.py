@@ -1,12 +1,13 @@
 """Rank side of the harness: one process of a pool, run as ``python -m refddp.testing.worker``.
 
 It joins the pool's process group once, then runs tasks sent by the driver (``pool.py``) over a
-private socket until told to stop or until its parent dies. The driver set this interpreter's
-environment (``TORCH_DISTRIBUTED_DEBUG`` among it) before start, since torch reads it on import.
+private socket until told to stop or until its parent dies; the messages are in ``protocol.py``.
+The driver set this interpreter's environment (``TORCH_DISTRIBUTED_DEBUG`` among it, and
+coverage's settings when the driver is measured) before start, since both act at start-up.
 
-Messages, driver -> rank: ``("run", task)``, ``("stop",)``.
-Rank -> driver: ``("ready",)``, ``("ok", result_bytes, health)``, ``("error", text, health)``,
-``("skip", reason, health)``, ``("init_error", text)``.
+Fixtures a rank-side test asks for arrive as pickled values (``tmp_path``, a project's own
+data fixtures) except those the rank makes itself for each task and undoes after it
+(``RANK_FIXTURES``): its ``dist_ctx``, and a fresh ``monkeypatch``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,18 @@ import torch
 import torch.distributed as dist
 
 from refddp.dist import DistContext, exit_with_parent
-from refddp.testing import collectives
+from refddp.testing import collectives, rank_coverage
+from refddp.testing.protocol import (
+    RANK_FIXTURES,
+    Done,
+    Failed,
+    Health,
+    InitError,
+    Ready,
+    RunTask,
+    Skipped,
+    Stop,
+)
 
 DRIVER_MAIN = "__refddp_driver_main__"
 
@@ -66,37 +78,46 @@ def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | Non
         spec.loader.exec_module(module)
 
 
-def _health(ctx: DistContext) -> dict[str, Any]:
+def _health() -> Health:
     initialized = dist.is_initialized()
-    return {
-        "initialized": initialized,
-        "world_size": dist.get_world_size() if initialized else None,
-        "sequence": collectives.process_group_sequence(),
-    }
+    return Health(
+        initialized,
+        dist.get_world_size() if initialized else None,
+        collectives.process_group_sequence(),
+    )
 
 
-def _run_task(task: dict[str, Any], ctx: DistContext) -> tuple:
+def _make_fixture(name: str, ctx: DistContext) -> Any:
+    if name == "dist_ctx":
+        return ctx
+    if name == "monkeypatch":
+        import pytest
+
+        return pytest.MonkeyPatch()
+    raise ValueError(f"no rank-side fixture {name!r}; these exist: {', '.join(RANK_FIXTURES)}")
+
+
+def _run_task(task: RunTask, ctx: DistContext) -> Done | Failed | Skipped:
     collectives.reset_count()
+    made: dict[str, Any] = {}
     try:
-        _import_test_modules(task["sys_path"], task["modules"])
-        fn, args, kwargs = _TaskUnpickler(io.BytesIO(task["payload"])).load()
-        kwargs = {
-            k: ctx if isinstance(v, DistContext) and v.is_placeholder else v
-            for k, v in kwargs.items()
-        }
-        result = fn(*args, **kwargs)
-        payload = pickle.dumps(result)
-        reply: tuple = ("ok", payload)
+        _import_test_modules(task.sys_path, task.modules)
+        fn, args, kwargs = _TaskUnpickler(io.BytesIO(task.payload)).load()
+        for name in task.rank_fixtures:
+            made[name] = kwargs[name] = _make_fixture(name, ctx)
+        reply: Done | Failed | Skipped = Done(pickle.dumps(fn(*args, **kwargs)), _health())
     except BaseException as exc:  # noqa: BLE001 - everything a test raises goes to the driver
         outcomes = sys.modules.get("_pytest.outcomes")
         if outcomes is not None and isinstance(exc, outcomes.Skipped):
-            reply = ("skip", str(getattr(exc, "msg", exc)))
+            reply = Skipped(str(getattr(exc, "msg", exc)), _health())
         else:
-            reply = ("error", traceback.format_exc())
+            reply = Failed(traceback.format_exc(), _health())
     finally:
+        if "monkeypatch" in made:
+            made["monkeypatch"].undo()  # the next task on this rank starts unpatched
         sys.stdout.flush()
         sys.stderr.flush()
-    return (*reply, _health(ctx))
+    return reply
 
 
 def _init_group(args: argparse.Namespace) -> DistContext:
@@ -130,7 +151,7 @@ def _init_group(args: argparse.Namespace) -> DistContext:
     return DistContext(args.rank, args.world_size, args.rank, device, args.backend)
 
 
-def main() -> int:
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)
@@ -138,11 +159,20 @@ def main() -> int:
     parser.add_argument("--backend", required=True)
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--init-timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
     args = parser.parse_args()
 
+    cov = rank_coverage.start()
+    if cov is not None:
+        # SIGTERM (the driver's second way to stop a busy rank) saves this rank's data too.
+        signal.signal(signal.SIGTERM, lambda *_: _exit(cov, 128 + signal.SIGTERM))
     exit_with_parent()
+    if os.getppid() != args.driver_pid:
+        # The driver died before the line above began watching it: nobody will ever send
+        # work, and waiting for the store would keep this rank alive for minutes.
+        _exit(cov, 3)
     stack_file = open(os.path.join(args.workdir, f"rank{args.rank}.stack"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     collectives.install(collectives.slot_path_for(args.workdir, args.rank))
@@ -152,21 +182,28 @@ def main() -> int:
     try:
         ctx = _init_group(args)
     except BaseException:  # noqa: BLE001
-        conn.send(("init_error", traceback.format_exc()))
-        return 1
-    conn.send(("ready",))
+        conn.send(InitError(traceback.format_exc()))
+        _exit(cov, 1)
+    conn.send(Ready())
     while True:
         try:
             message = conn.recv()
         except EOFError:
             break
-        if message[0] == "stop":
+        if isinstance(message, Stop):
             break
-        conn.send(_run_task(message[1], ctx))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+        conn.send(_run_task(message, ctx))
+    _exit(cov, 0)
+
+
+def _exit(cov: Any, code: int) -> None:
+    """Save coverage data, then leave at once: tearing the process group down could block on
+    peers that are already gone, and nothing else needs saving."""
+    rank_coverage.save(cov)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -2,6 +2,9 @@
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -126,17 +129,42 @@ def test_sigkilled_rank_is_reported_with_its_signal(spawn):
     assert_pool_healthy(spawn)
 
 
-def test_rank0_only_barrier_is_a_timeout_with_stack_and_last_collective(spawn):
+def test_one_sided_collective_is_reported_within_seconds_with_stack_and_per_test_count(spawn):
+    spawn(traced_step)  # three collectives in an earlier test must not shift this test's count
     start = time.monotonic()
     with pytest.raises(RankTimeout) as info:
-        spawn(progress_bar_barrier, timeout=3)
-    assert time.monotonic() - start >= 3
+        spawn(progress_bar_barrier, timeout=GENEROUS_DEADLINE)
+    assert time.monotonic() - start < 15, "rank 1 finished: rank 0's barrier can never complete"
     assert set(info.value.failures) == {0}, "only rank 0 is stuck"
     stuck = info.value.failures[0]
-    assert "last collective entered: #" in stuck and "barrier()" in stuck
+    assert "last collective entered: #1 barrier() at " in stuck
     assert "in progress_bar_barrier" in stuck, "the stack must show the test's frame"
     assert "Current thread" in stuck, "all threads are dumped"
-    assert "rank(s) [0] did not finish within 3 s" in str(info.value)
+    assert "rank(s) [0] blocked in a collective that every other rank finished without" in str(
+        info.value
+    )
+    assert "--- rank 1 finished" in str(info.value)
+    assert_pool_healthy(spawn)
+
+
+def barrier_against_recv():
+    # Both ranks blocked, each waiting for the other: no rank finished, so only the deadline
+    # can tell this from slow work.
+    if dist.get_rank() == 0:
+        dist.barrier()
+    else:
+        dist.recv(torch.zeros(1), src=0)
+
+
+def test_two_sided_hang_is_a_timeout_at_the_deadline_with_every_stack(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankTimeout) as info:
+        spawn(barrier_against_recv, timeout=3)
+    assert time.monotonic() - start >= 3
+    assert set(info.value.failures) == {0, 1}
+    assert "last collective entered: #1 barrier()" in info.value.failures[0]
+    assert "last collective entered: #1 recv((1,):float32, src=0)" in info.value.failures[1]
+    assert "rank(s) [0, 1] did not finish within 3 s" in str(info.value)
     assert_pool_healthy(spawn)
 
 
@@ -145,8 +173,8 @@ def test_mismatched_collective_order_fails_naming_both_collectives(spawn):
         spawn(mismatched_order, timeout=GENEROUS_DEADLINE)
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
-    assert "rank 0 is running #1 all_reduce((4,):float32)" in report
-    assert "rank 1 is running #1 broadcast((4,):float32)" in report
+    assert "rank 0 is running #1 all_reduce((4,):float32, SUM)" in report
+    assert "rank 1 is running #1 broadcast((4,):float32, src=0)" in report
     assert set(info.value.failures) == {0, 1}, "every rank fails, none hangs"
     assert_pool_healthy(spawn)
 
@@ -156,7 +184,7 @@ def test_mismatched_shapes_fail_naming_the_shapes(spawn):
         spawn(mismatched_shapes, timeout=GENEROUS_DEADLINE)
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
-    assert "all_reduce((3,):float32)" in report and "all_reduce((4,):float32)" in report
+    assert "all_reduce((3,):float32, SUM)" in report and "all_reduce((4,):float32, SUM)" in report
     assert_pool_healthy(spawn)
 
 
@@ -175,6 +203,41 @@ def test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing(spawn):
     assert_pool_healthy(spawn)
 
 
+def same_calls_spelled_differently():
+    # Each pair is one collective written two ways; defaults filled in, they must agree.
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        dist.barrier()
+    else:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.broadcast(t, src=0, group=dist.group.WORLD)
+        dist.barrier(group=None)
+    return t.tolist()
+
+
+def test_equivalent_spellings_of_a_collective_are_not_a_mismatch(spawn):
+    assert spawn(same_calls_spelled_differently) == [[2.0, 2.0]] * 2
+
+
+def broadcast_from_self(object_list):
+    # Each rank thinks it is the source: no hang and no error from torch, just divergence.
+    if object_list:
+        return dist.broadcast_object_list([dist.get_rank()], src=dist.get_rank())
+    dist.broadcast(torch.ones(2), src=dist.get_rank())
+
+
+@pytest.mark.parametrize("object_list", [False, True], ids=["broadcast", "object_list"])
+def test_broadcast_from_different_sources_is_a_mismatch(spawn, object_list):
+    with pytest.raises(RankFailure) as info:
+        spawn(broadcast_from_self, object_list, timeout=GENEROUS_DEADLINE)
+    report = str(info.value)
+    assert "Detected mismatch between collectives" in report
+    assert "src=0)" in report and "src=1)" in report
+    assert_pool_healthy(spawn)
+
+
 def subgroup_collectives():
     # Collectives on a subgroup only involve its members: they must not be fingerprinted
     # against the whole world (that would hang the non-members' check).
@@ -188,6 +251,25 @@ def subgroup_collectives():
 
 def test_subgroup_collectives_run_under_fingerprint_checking(spawn):
     assert spawn(subgroup_collectives, world_size=3) == [2.0, 1.0, 2.0]
+
+
+def test_rank_killed_between_tests_is_replaced_and_the_next_task_runs(spawn):
+    before = {pid for _, _, pid in spawn(whoami)}
+    pool = _pools[(2, "gloo", True, ())]
+    os.kill(pool.procs[1].pid, signal.SIGKILL)  # the OOM killer, between two tests
+    pool.procs[1].wait()
+    after = {pid for _, _, pid in spawn(whoami)}
+    assert before.isdisjoint(after), "the broken pool must be replaced, not reused"
+    assert_pool_healthy(spawn)
+
+
+def test_rank_dying_as_the_task_is_sent_is_retried_on_a_fresh_pool(spawn, monkeypatch):
+    spawn(whoami)
+    pool = _pools[(2, "gloo", True, ())]
+    os.kill(pool.procs[1].pid, signal.SIGKILL)
+    os.waitid(os.P_PID, pool.procs[1].pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped
+    monkeypatch.setattr(type(pool), "alive", lambda self: True)  # the check just missed it
+    assert [r[:2] for r in spawn(whoami)] == [(0, 2), (1, 2)]
 
 
 def test_unsound_pool_is_recycled_after_a_task(spawn):
@@ -207,7 +289,7 @@ def test_collectives_are_recorded_with_their_signature(spawn):
     assert (
         logs[0]
         == logs[1]
-        == ["all_reduce((2, 3):float32, MAX)", "broadcast((5,):int64)", "barrier()"]
+        == ["all_reduce((2, 3):float32, MAX)", "broadcast((5,):int64, src=0)", "barrier()"]
     )
 
 
@@ -225,3 +307,52 @@ def test_pools_are_keyed_by_world_size(spawn):
     spawn(whoami, world_size=2)
     spawn(whoami, world_size=3)
     assert {(2, "gloo"), (3, "gloo")} <= {key[:2] for key in _pools}
+
+
+OUTSIDE_PYTEST = """
+import sys
+from refddp.testing import RankSkipped, spawn_ranks
+from refddp.testing.pool import RankPool
+
+
+def skip_here():
+    import pytest
+
+    pytest.skip("not on this rank")
+
+
+if __name__ == "__main__":
+    try:
+        spawn_ranks(skip_here)
+    except RankSkipped as skip:
+        print("skipped:", skip.reason)
+    print("driver imported pytest:", any(m.split(".")[0] in ("pytest", "_pytest") for m in sys.modules))
+    pool = RankPool(2)
+    ranks = pool.procs
+    pool.close()
+    print("ranks exited with:", [rank.returncode for rank in ranks])
+"""
+
+
+def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(OUTSIDE_PYTEST)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=True
+    ).stdout
+    assert "skipped: not on this rank" in out, "a rank's skip is a RankSkipped outside pytest"
+    assert "driver imported pytest: False" in out
+    assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
+
+
+def test_rank_whose_driver_died_before_it_started_exits_at_once(tmp_path):
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        rank = subprocess.run(
+            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(theirs.fileno())]
+            + ["--rank", "0", "--world-size", "2", "--backend", "gloo", "--store-port", "9"]
+            + ["--workdir", str(tmp_path), "--driver-pid", str(2**22 + 1)],  # never its parent
+            pass_fds=(theirs.fileno(),),
+            timeout=60,
+        )
+    assert rank.returncode == 3, "an orphan must not wait for a store nobody serves"

@@ -1,0 +1,67 @@
+"""The messages the driver (``pool.py``) and each rank (``worker.py``) exchange, by name.
+
+One private socket per rank carries them, pickled. Driver -> rank: ``RunTask``, ``Stop``.
+Rank -> driver: ``Ready`` or ``InitError`` once, then one of ``Done`` / ``Failed`` /
+``Skipped`` per task. ``Died`` is never sent: the driver makes it up when a rank's socket
+closes, so that every rank answers every task with a message.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Health(NamedTuple):
+    """The rank's process group after a task: a pool whose ranks disagree is recycled."""
+
+    initialized: bool
+    world_size: int | None
+    sequence: int | None  # the default group's collective count, C++-issued ones included
+
+
+class RunTask(NamedTuple):
+    """Run ``payload`` (pickled ``(fn, args, kwargs)``) once on this rank."""
+
+    payload: bytes
+    sys_path: list[str]
+    modules: list[tuple[str, str | None]]  # (module name, file) the payload refers to
+    rank_fixtures: tuple[str, ...] = ()  # fixtures the rank creates and tears down itself
+
+
+class Stop(NamedTuple):
+    """Finish: save what must be saved (coverage data) and exit 0."""
+
+
+class Ready(NamedTuple):
+    """The rank joined the pool's process group."""
+
+
+class InitError(NamedTuple):
+    text: str
+
+
+class Done(NamedTuple):
+    result: bytes  # the pickled return value
+    health: Health
+
+
+class Failed(NamedTuple):
+    text: str  # the remote traceback
+    health: Health
+
+
+class Skipped(NamedTuple):
+    reason: str
+    health: Health
+
+
+class Died(NamedTuple):
+    why: str  # "exited with code 7", "killed by signal SIGKILL"
+
+
+Reply = Ready | InitError | Done | Failed | Skipped | Died
+FAILURES = (InitError, Failed, Died)
+
+# Fixtures a rank makes for itself for each task and undoes after it, instead of receiving the
+# driver's value: this rank's context, and a monkeypatch whose changes must not outlive the test.
+RANK_FIXTURES = ("dist_ctx", "monkeypatch")

@@ -1,0 +1,99 @@
+"""A pool's per-rank files and the failure reports built from them.
+
+Each rank of a pool writes, in the pool's work directory: its stdout and stderr
+(``rank<N>.out``), its faulthandler stack dumps (``rank<N>.stack``) and the last collective it
+entered (``rank<N>.collective``, see ``collectives.py``). The driver reads them to echo a
+task's output and to explain a failure or a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from refddp.testing.collectives import read_slot, slot_path_for
+
+OUTPUT_TAIL_LINES = 40
+
+
+class PoolFiles:
+    """The files of one pool's ranks, and the reports made from them."""
+
+    def __init__(self, workdir: str, world_size: int, backend: str):
+        self.workdir, self.world_size, self.backend = workdir, world_size, backend
+
+    def out_path(self, rank: int) -> str:
+        return os.path.join(self.workdir, f"rank{rank}.out")
+
+    def out_size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(self.out_path(rank))
+        except OSError:
+            return 0
+
+    def output(self, rank: int, offset: int) -> str:
+        try:
+            with open(self.out_path(rank), "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def echo_output(self, offsets: list[int]) -> None:
+        for rank, offset in enumerate(offsets):
+            for line in self.output(rank, offset).splitlines():
+                print(f"[rank {rank}] {line}")
+
+    def dump_stacks(self, pids: dict[int, int]) -> dict[int, str]:
+        """Every thread's Python stack of each listed (still running) rank -> pid, through the
+        faulthandler each rank registered for SIGUSR1, with the last collective it entered."""
+        ranks = list(pids)
+        if not ranks:
+            return {}
+        paths = {r: os.path.join(self.workdir, f"rank{r}.stack") for r in ranks}
+        before = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
+        for r in ranks:
+            try:
+                os.kill(pids[r], signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        deadline, last = time.monotonic() + 2.0, None
+        while time.monotonic() < deadline:  # until every dump has stopped growing
+            time.sleep(0.05)
+            sizes = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
+            if sizes == last and all(sizes[r] > before[r] for r in ranks):
+                break
+            last = sizes
+        stacks = {}
+        for r, p in paths.items():
+            with open(p, "rb") as f:
+                f.seek(before[r])
+                text = f.read().decode(errors="replace").strip() or "(no stack could be read)"
+            last_collective = read_slot(slot_path_for(self.workdir, r)).last or "none"
+            stacks[r] = f"last collective entered: {last_collective}\nstack (all threads):\n{text}"
+        return stacks
+
+    def report(
+        self,
+        headline: str,
+        failures: dict[int, str],
+        stacks: dict[int, str],
+        offsets: list[int] | None = None,
+    ) -> str:
+        lines = [f"{headline} (world_size={self.world_size}, backend={self.backend})"]
+        for rank in range(self.world_size):
+            if rank in failures:
+                lines.append(f"--- rank {rank} failed:")
+                lines += ["    " + ln for ln in failures[rank].rstrip().splitlines()]
+            elif rank in stacks:
+                lines.append(f"--- rank {rank} was still running:")
+                lines += ["    " + ln for ln in stacks[rank].rstrip().splitlines()]
+            else:
+                lines.append(f"--- rank {rank} finished")
+        for rank in range(self.world_size):
+            out = self.output(rank, offsets[rank] if offsets else 0).splitlines()
+            if out:
+                lines.append(f"--- rank {rank} output (last {OUTPUT_TAIL_LINES} lines):")
+                lines += [f"[rank {rank}] {ln}" for ln in out[-OUTPUT_TAIL_LINES:]]
+        return "\n".join(lines)
