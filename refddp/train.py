@@ -33,7 +33,7 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.launch import CONFIG_ENV, launch
+from refddp.launch import CONFIG_ENV, launch, record_usage_error
 from refddp.models import build_model
 
 log = logging.getLogger("refddp")
@@ -138,8 +138,9 @@ def run_rank(c: TrainConfig) -> int:
                     f"{os.path.join(c.out, 'predictions.pt')}"
                 )
     except ConfigError as exc:
-        if ctx.is_main or c.log_all_ranks:
-            print(f"error: {exc}", file=sys.stderr)
+        # Possibly raised on this rank alone: the launcher prints it naming the rank.
+        if not record_usage_error(str(exc)):
+            print(f"error: {'' if ctx.is_main else f'rank {ctx.rank}: '}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except (NonFiniteLoss, RankZeroError) as exc:
         if ctx.is_main or c.log_all_ranks:

@@ -116,3 +116,12 @@ class StuckDataset(torch.utils.data.Dataset):
 def stuck_datasets(config):
     train, val = synthetic(config)
     return StuckDataset(train), val
+
+
+def datasets_missing_on_rank_1(config):
+    """A data file present on rank 0's node only: rank 1 alone refuses its configuration."""
+    from refddp.config import ConfigError
+
+    if dist.is_initialized() and dist.get_rank() == 1:
+        raise ConfigError("data: file not found: /node-local/train.pt")
+    return synthetic(config)
