@@ -142,7 +142,7 @@ def run_rank(c: TrainConfig) -> int:
         if not record_usage_error(str(exc)):
             print(f"error: {'' if ctx.is_main else f'rank {ctx.rank}: '}{exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (NonFiniteLoss, RankZeroError) as exc:
+    except (NonFiniteLoss, RankZeroError, ckpt.RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,12 @@
 """Exit codes and one-line errors of the real CLI for failures that happen after ranks start."""
 
 
+import os
+import subprocess
 
+import pytest
+
+from tests.cli_runs import run, train_command
 
 
 def error_lines(stderr):
@@ -28,3 +33,81 @@ def test_a_config_error_on_one_rank_only_is_printed_naming_the_rank(run_cli, tin
     assert error_lines(done.stderr) == [
         "error: data: file not found: /node-local/train.pt (rank 1)"
     ], done.stderr
+
+
+def no_space_left(path):
+    """``path`` becomes a file every write to fails with ENOSPC: a full disk, without root."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to("/dev/full")
+
+
+def test_a_full_disk_while_writing_history_exits_1_naming_the_file(run_cli, tiny, tmp_path):
+    history = tmp_path / "run" / "history.jsonl"
+    no_space_left(history)
+    done = run_cli("--nproc", 2, check=False, **tiny)
+    assert done.returncode == 1, done.stderr
+    errors = error_lines(done.stderr)
+    assert errors[0] == f"error: cannot write {history}: No space left on device", done.stderr
+    assert errors[1].startswith("error: training failed: ")  # the launcher's summary
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("task, name", [("eval", "eval.json"), ("predict", "predictions.pt")])
+def test_a_full_disk_while_writing_results_exits_1_naming_the_file(run_cli, tiny, task, name):
+    trained = run_cli("--nproc", 1, **tiny)
+    no_space_left(trained.out / name)
+    done = run_cli("--task", task, "--nproc", 1, check=False)
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr) == [
+        f"error: cannot write {trained.out / name}: No space left on device"
+    ], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_full_disk_while_saving_a_checkpoint_exits_1_naming_the_file(tmp_path, tiny, spawn):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    # A real full file system: a 4 KiB tmpfs on the checkpoint directory, in a private mount
+    # namespace (root only; the mount disappears with the process).
+    mount = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$@"']
+    probe = subprocess.run([*mount, str(checkpoints), "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr!r}")
+    cmd = [*mount, str(checkpoints), *train_command(tmp_path / "run", "--nproc", 2, **tiny)]
+    done = run(cmd)
+    assert done.returncode == 1, done.stderr
+    errors = error_lines(done.stderr)
+    latest = checkpoints / "checkpoint_latest.pth"
+    assert errors[0] == f"error: cannot write checkpoint {latest}: No space left on device", done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_link_of_the_best_checkpoint_exits_1_naming_the_file(run_cli, tiny, tmp_path):
+    best = tmp_path / "run" / "checkpoints" / "checkpoint_best.pth"
+    (best / "in_the_way").mkdir(parents=True)  # a directory where the file must go
+    done = run_cli("--nproc", 1, check=False, **tiny)
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr) == [
+        f"error: cannot write checkpoint {best}: Is a directory"
+    ], done.stderr
+
+
+def dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporary_files_of_writers_killed_mid_write_are_removed_by_the_next_save(
+    run_cli, tiny, tmp_path
+):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    dead = dead_pid()
+    stale = [f".checkpoint_latest.pth.tmp-{dead}", f"checkpoint_best.pth.tmp-{dead}"]
+    live = f".checkpoint_latest.pth.tmp-{os.getpid()}"  # a writer that is still running
+    for name in [*stale, live]:
+        (checkpoints / name).write_bytes(b"PK\x03\x04 half a checkpoint")
+    run_cli("--nproc", 1, "--stop-after", 2, **tiny)
+    left = sorted(p.name for p in checkpoints.iterdir())
+    assert left == sorted([live, "checkpoint_latest.pth"]), left
