@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,10 +117,29 @@ def _field_type(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
 
 
+def _number(text: str, kind: type) -> Any:
+    """``1e-3``, ``3E-4``, ``1e4`` as numbers: PyYAML reads exponents without a dot as strings.
+
+    Anything that is not a number (or, for an int field, not a whole one) is returned as is,
+    so the caller's type check names the field.
+    """
+    try:
+        number = float(text.strip())
+    except ValueError:
+        return text
+    if not math.isfinite(number):  # "nan", "inf": not a setting anyone means
+        return text
+    if kind is int:
+        return int(number) if number.is_integer() else text
+    return number
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Check one raw value (from YAML or a checkpoint) against its field's type and choices."""
     f = FIELDS[name]
     kind = _field_type(f)
+    if kind in (int, float) and isinstance(value, str):
+        value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is bool and not isinstance(value, bool) or not isinstance(value, kind):

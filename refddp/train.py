@@ -86,8 +86,8 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
             f"data: {n_train} training samples for {world_size} rank(s) do not fill one global "
             f"batch of {global_batch}; lower batch_size or use more data"
         )
-    if c.task != "train" and n_val == 0:
-        raise ConfigError("data: the validation set is empty")
+    if n_val == 0:  # training evaluates too: refuse now, not after an epoch
+        raise ConfigError(f"data: the validation set of {c.data} is empty; it needs >= 1 sample")
     with torch.device("meta"):
         model = build_model(c)
     if resumed is not None:

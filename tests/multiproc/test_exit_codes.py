@@ -5,6 +5,7 @@ import os
 import subprocess
 
 import pytest
+import yaml
 
 from tests.cli_runs import run, train_command
 
@@ -111,3 +112,13 @@ def test_temporary_files_of_writers_killed_mid_write_are_removed_by_the_next_sav
     run_cli("--nproc", 1, "--stop-after", 2, **tiny)
     left = sorted(p.name for p in checkpoints.iterdir())
     assert left == sorted([live, "checkpoint_latest.pth"]), left
+
+
+def test_yaml_numbers_written_with_an_exponent_load(run_cli, tiny, tmp_path):
+    config = tmp_path / "train.yaml"
+    # PyYAML reads 1e-3 (no dot) as the string '1e-3': these are the numbers people write.
+    config.write_text("lr: 1e-3\nweight_decay: 5E-4\nmax_steps: 1e1\n")
+    done = run_cli("--config", config, "--nproc", 1, **tiny)
+    saved = yaml.safe_load((done.out / "config.yaml").read_text())
+    assert (saved["lr"], saved["weight_decay"], saved["max_steps"]) == (0.001, 0.0005, 10)
+    assert "done: step 10" in done.stderr
