@@ -100,6 +100,12 @@ class TrainConfig:
         "seconds without progress before a rank is declared hung "
         "(stacks are written to out/stacks/)",
     )
+    trust_checkpoint_code: bool = _opt(
+        False,
+        "import the model/data code (package.module:callable) a loaded checkpoint names; "
+        "only for checkpoints you trust",
+        inherit=False,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -214,9 +220,36 @@ def merge(
             values[key] = _coerce(key, value)
     values.update(from_yaml)
     values.update(cli)
+    refuse_checkpoint_imports(values, {**from_yaml, **cli})
     config = TrainConfig(**values)
     validate(config)
     return config
+
+
+IMPORT_FIELDS = ("model", "data")  # fields that may name code to import
+
+
+def is_import_path(spec: str) -> bool:
+    """``package.module:callable`` (and not a ``.pt`` file path that happens to hold a colon)."""
+    return ":" in spec and not spec.endswith((".pt", ".pth"))
+
+
+def refuse_checkpoint_imports(values: dict[str, Any], from_user: dict[str, Any]) -> None:
+    """Never import code that only a checkpoint names: the user names it, or trusts the file.
+
+    A checkpoint is data; loading one (resume, eval, predict, init_from) must not run code.
+    Every config that inherits from a checkpoint passes through ``merge``, hence through here.
+    """
+    if from_user.get("trust_checkpoint_code"):
+        return
+    for name in IMPORT_FIELDS:
+        spec = values.get(name)
+        if isinstance(spec, str) and is_import_path(spec) and name not in from_user:
+            flag = name.replace("_", "-")
+            raise ConfigError(
+                f"{name}: refused to import {spec!r}: only the checkpoint names it; pass "
+                f"--{flag} {spec} (or set it in --config) or --trust-checkpoint-code to allow it"
+            )
 
 
 def validate(c: TrainConfig) -> None:
