@@ -72,6 +72,33 @@ def loopback_store(timeout_s: float = 300.0) -> dist.TCPStore:
     )
 
 
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # torch reads it when it creates a gloo group
+_IFF_LOOPBACK = 0x8
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface (``lo`` on Linux)."""
+    for _, name in socket.if_nameindex():
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read(), 16) & _IFF_LOOPBACK:
+                    return name
+        except (OSError, ValueError):
+            continue
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def pin_gloo_to_loopback() -> None:
+    """Make every gloo group this process, and the ranks it starts, creates use 127.0.0.1 only.
+
+    Without ``GLOO_SOCKET_IFNAME`` gloo binds the address the host name resolves to, which on
+    a typical node is the LAN address; naming the loopback interface keeps a job on one machine
+    unreachable from the network whatever ``/etc/hosts`` says. Local jobs only: ranks of a
+    multi-node job (plain torchrun) must reach each other, so nothing there calls this.
+    """
+    os.environ[GLOO_SOCKET_IFNAME] = loopback_interface()
+
+
 def under_torchrun() -> bool:
     """True inside a rank started by torchrun / torch.distributed.run."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -137,6 +164,7 @@ def init_distributed(
             )
             exit_with_parent()  # the elastic agent starts ranks in their own session
         else:
+            pin_gloo_to_loopback()  # one process: nothing needs to reach it
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )

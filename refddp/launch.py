@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from refddp.dist import loopback_store
+from refddp.dist import loopback_store, pin_gloo_to_loopback
 
 LOOPBACK_BACKEND = "refddp-loopback"
 CONFIG_ENV = "REFDDP_RESOLVED_CONFIG"  # the launcher's resolved config, as JSON, for its ranks
@@ -97,6 +97,7 @@ def launch(
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.update(env)
     os.environ[LAUNCHED_ENV] = "1"
+    pin_gloo_to_loopback()  # the ranks inherit it: their gloo groups listen on 127.0.0.1 only
     config, cmd, cmd_args = config_from_args(parse_args(torchrun_args(module, nproc, max_restarts)))
     try:
         elastic_launch(config, cmd)(*cmd_args)

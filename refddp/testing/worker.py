@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.dist import DistContext, exit_with_parent
+from refddp.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
 from refddp.testing import collectives
 
 DRIVER_MAIN = "__refddp_driver_main__"
@@ -116,6 +116,7 @@ def _init_group(args: argparse.Namespace) -> DistContext:
         # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
         # on gloo); our own fingerprint check takes its place. DETAIL is restored below.
         dist.set_debug_level(dist.DebugLevel.INFO)
+    pin_gloo_to_loopback()  # a pool's ranks are all on this machine
     dist.init_process_group(
         args.backend,
         store=store,
