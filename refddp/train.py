@@ -28,6 +28,7 @@ from refddp.data import build_datasets
 from refddp.dist import (
     HangWatchdog,
     RankZeroError,
+    end_process,
     init_distributed,
     setup_logging,
     teardown,
@@ -179,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main)

@@ -122,3 +122,24 @@ def test_yaml_numbers_written_with_an_exponent_load(run_cli, tiny, tmp_path):
     saved = yaml.safe_load((done.out / "config.yaml").read_text())
     assert (saved["lr"], saved["weight_decay"], saved["max_steps"]) == (0.001, 0.0005, 10)
     assert "done: step 10" in done.stderr
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("restart", [False, True], ids=["no_restart", "sigkill_and_restart"])
+def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):
+    """After a stop, and after an elastic restart, a finished run ends with exit code 0 (a
+    native thread outliving the interpreter once turned a finished run into SIGABRT)."""
+    flags = {**tiny, "model": "tests.user_code:killed_mlp", "ckpt_every": 4}
+    stopped = run_cli("--nproc", nproc, "--stop-after", 2, check=False, **flags)
+    assert stopped.returncode == 0, stopped.stderr
+    kill = {"REFDDP_TEST_KILL_AT": "5", "REFDDP_TEST_KILL_RANK": str(nproc - 1)}
+    done = run_cli(
+        "--nproc", nproc, "--max-restarts", int(restart), check=False,
+        env=kill if restart else None, **flags,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr
+    steps = 24 // nproc
+    assert f"done: step {steps}" in done.stderr
+    # Resumed after the stop, and once more after the kill (during step 7) if restarted.
+    assert done.stderr.count("resumed from") == 1 + restart, done.stderr
