@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli, per_rank_batch_size
 from refddp.data import build_datasets
-from refddp.dist import init_distributed, teardown, under_torchrun
+from refddp.dist import end_process, init_distributed, teardown, under_torchrun
 from refddp.launch import launch
 
 ENV_VARS = (
@@ -252,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     except DoctorFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        teardown()  # on every path: no gloo thread left running at exit
     if result["rank"] == 0:
         print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 1 if result["problems"] else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main)
