@@ -81,6 +81,7 @@ from tests.rank_tasks import tiny_config
 # monitored_barrier refuses it, so the roll call must run on a gloo side group.
 dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
 print(json.dumps(check(tiny_config("unused"), barrier_timeout_s=2.0, repeats=2)["problems"]))
+dist.destroy_process_group()  # ours: leaving with gloo's threads running can abort the exit
 """
 
 
