@@ -303,3 +303,16 @@ def test_a_local_run_listens_on_loopback_even_if_the_hostname_resolves_to_the_la
         proc.communicate(timeout=60)
     assert len(addresses) >= 3, "rendezvous store, ranks' store and gloo listeners"
     assert set(addresses) == {"127.0.0.1"}, addresses
+
+
+def gloo_setting_and_listeners():
+    """On a pool rank: the gloo interface setting and this process's listening addresses."""
+    return os.environ.get("GLOO_SOCKET_IFNAME"), listening_addresses([os.getpid()])
+
+
+def test_the_harness_pools_pin_gloo_to_loopback(spawn):
+    from refddp.dist import loopback_interface
+
+    for interface, addresses in spawn(gloo_setting_and_listeners):
+        assert interface == loopback_interface()  # set before the pool's group was created
+        assert addresses and set(addresses) == {"127.0.0.1"}, addresses
