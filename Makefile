@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test multiproc gpu lint bench clean mutation
+.PHONY: demo test multiproc gpu lint bench stress mutation clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -24,6 +24,12 @@ multiproc: $(VENV)/.installed
 
 gpu: $(VENV)/.installed
 	$(PY) -m pytest -m gpu tests/gpu
+
+# Flake hunt (issue 15): the fault and CLI end-to-end tests, STRESS_REPETITIONS pytest sessions
+# under -n 2; runs and failures per test go to benchmarks/results/stress.json.
+STRESS_REPETITIONS ?= 30
+stress: $(VENV)/.installed
+	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check refddp tests benchmarks conftest.py

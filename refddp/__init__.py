@@ -1,7 +1,9 @@
 """refddp: a reference PyTorch DDP trainer and a pytest harness for multi-process tests.
 
 ``build_model(config)`` and ``build_datasets(config)`` rebuild a run's model and data from the
-``config`` dict stored in any refddp checkpoint, in a plain Python process.
+``config`` dict stored in any refddp checkpoint, in a plain Python process. A ``model`` or
+``data`` of the form ``package.module:callable`` is imported and called, so pass only configs
+whose import paths you trust.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -8,11 +8,13 @@ old file or the new one, never half of one, and the one before stays as ``checkp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import random
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ from refddp.config import ConfigError, TrainConfig
 LATEST = "checkpoint_latest.pth"
 PREVIOUS = "checkpoint_previous.pth"
 BEST = "checkpoint_best.pth"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # bump when a key changes meaning; load_checkpoint refuses newer files
 REQUIRED_KEYS = (
     "model_state_dict",
     "optimizer_state_dict",
@@ -42,6 +44,23 @@ log = logging.getLogger("refddp")
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: printed as one line naming the file."""
+
+
+class RunFileError(RuntimeError):
+    """A run-directory file (checkpoint, history, eval, predictions) could not be written.
+
+    A runtime failure, not a usage error: one line naming the file, exit code 1.
+    """
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Report an I/O failure while writing ``path`` (a full disk, say) as one line naming it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise RunFileError(f"cannot write {path}: {reason.strip().splitlines()[0]}") from None
 
 
 def checkpoint_dir(out: str) -> str:
@@ -99,57 +118,122 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class _KeepWriteError:
+    """A file whose write errors are kept: torch.save reports them only as an opaque
+    RuntimeError ("unexpected pos ..."), which would hide the cause (a full disk, say)."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def torch_save(obj: Any, f: Any) -> None:
+    """``torch.save`` into the open binary file ``f``; a failed write raises its ``OSError``."""
+    kept = _KeepWriteError(f)
+    try:
+        torch.save(obj, kept)
+        f.flush()
+    except RuntimeError:
+        if kept.error is not None:
+            raise kept.error from None
+        raise
+
+
+_TEMP = re.compile(r"\.tmp-(\d+)$")  # save_atomic's and _link_or_copy's temporary files
+
+
+def _temp_name(path: str) -> str:
+    return f"{path}.tmp-{os.getpid()}"
+
+
+def remove_stale_temp_files(directory: str) -> None:
+    """Delete temporary files that writers killed mid-write left behind (their PID is gone)."""
+    for name in os.listdir(directory):
+        match = _TEMP.search(name)
+        if match and not _pid_alive(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, from a write of this process that failed: stale too
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
 def save_atomic(state: dict[str, Any], path: str) -> None:
     """Write ``state`` to ``path`` so that a crash at any moment leaves the old file intact."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    tmp = os.path.join(directory, _temp_name("." + os.path.basename(path)))
     # torch.load never checks the zip's CRC32s (a flipped byte loads silently), and computing
     # them costs ~a quarter of a large save (benchmarks/checkpoint_io.py): skip them.
     crc32 = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(directory)
-    except (OSError, RuntimeError) as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise CheckpointError(f"cannot write checkpoint {path}: {reason.splitlines()[0]}") from None
+        with writing(f"checkpoint {path}"):
+            try:
+                with open(tmp, "wb") as f:
+                    torch_save(state, f)
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            _fsync_dir(directory)
     finally:
         torch.serialization.set_crc32_options(crc32)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
     """Point ``dst`` at ``src``'s bytes atomically (a hard link; a copy where links fail)."""
-    tmp = f"{dst}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(1 << 24):
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-    os.replace(tmp, dst)
+    tmp = _temp_name(dst)
+    with writing(f"checkpoint {dst}"):
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            try:
+                os.link(src, tmp)
+            except OSError:
+                with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                    while chunk := fin.read(1 << 24):
+                        fout.write(chunk)
+                    fout.flush()
+                    os.fsync(fout.fileno())
+            os.replace(tmp, dst)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
 
 def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     """Save ``state`` as the latest checkpoint (keeping the one before), and as best if so."""
     directory = checkpoint_dir(out)
-    os.makedirs(directory, exist_ok=True)
+    with writing(directory):
+        os.makedirs(directory, exist_ok=True)
+        remove_stale_temp_files(directory)
     latest = os.path.join(directory, LATEST)
     if os.path.exists(latest):
         _link_or_copy(latest, os.path.join(directory, PREVIOUS))
     save_atomic(state, latest)
     if is_best:
         _link_or_copy(latest, os.path.join(directory, BEST))
-    _fsync_dir(directory)
+    with writing(directory):
+        _fsync_dir(directory)
     return latest
 
 
@@ -177,6 +261,12 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{path}: not a refddp checkpoint (missing {', '.join(missing)})")
+    version = state.get("format_version", 1)  # files from before the key existed are version 1
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format_version {version!r} is newer than this refddp reads "
+            f"(format_version {FORMAT_VERSION}); load it with a newer refddp"
+        )
     return state
 
 

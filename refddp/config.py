@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,12 @@ class TrainConfig:
         "seconds without progress before a rank is declared hung "
         "(stacks are written to out/stacks/)",
     )
+    trust_checkpoint_code: bool = _opt(
+        False,
+        "import the model/data code (package.module:callable) a loaded checkpoint names; "
+        "only for checkpoints you trust",
+        inherit=False,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,10 +134,29 @@ def _field_type(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
 
 
+def _number(text: str, kind: type) -> Any:
+    """``1e-3``, ``3E-4``, ``1e4`` as numbers: PyYAML reads exponents without a dot as strings.
+
+    Anything that is not a number (or, for an int field, not a whole one) is returned as is,
+    so the caller's type check names the field.
+    """
+    try:
+        number = float(text.strip())
+    except ValueError:
+        return text
+    if not math.isfinite(number):  # "nan", "inf": not a setting anyone means
+        return text
+    if kind is int:
+        return int(number) if number.is_integer() else text
+    return number
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Check one raw value (from YAML or a checkpoint) against its field's type and choices."""
     f = FIELDS[name]
     kind = _field_type(f)
+    if kind in (int, float) and isinstance(value, str):
+        value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is bool and not isinstance(value, bool) or not isinstance(value, kind):
@@ -205,9 +231,36 @@ def merge(
             values[key] = _coerce(key, value)
     values.update(from_yaml)
     values.update(cli)
+    refuse_checkpoint_imports(values, {**from_yaml, **cli})
     config = TrainConfig(**values)
     validate(config)
     return config
+
+
+IMPORT_FIELDS = ("model", "data")  # fields that may name code to import
+
+
+def is_import_path(spec: str) -> bool:
+    """``package.module:callable`` (and not a ``.pt`` file path that happens to hold a colon)."""
+    return ":" in spec and not spec.endswith((".pt", ".pth"))
+
+
+def refuse_checkpoint_imports(values: dict[str, Any], from_user: dict[str, Any]) -> None:
+    """Never import code that only a checkpoint names: the user names it, or trusts the file.
+
+    A checkpoint is data; loading one (resume, eval, predict, init_from) must not run code.
+    Every config that inherits from a checkpoint passes through ``merge``, hence through here.
+    """
+    if from_user.get("trust_checkpoint_code"):
+        return
+    for name in IMPORT_FIELDS:
+        spec = values.get(name)
+        if isinstance(spec, str) and is_import_path(spec) and name not in from_user:
+            flag = name.replace("_", "-")
+            raise ConfigError(
+                f"{name}: refused to import {spec!r}: only the checkpoint names it; pass "
+                f"--{flag} {spec} (or set it in --config) or --trust-checkpoint-code to allow it"
+            )
 
 
 def validate(c: TrainConfig) -> None:

@@ -165,7 +165,10 @@ def from_tensor_file(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDatas
 def build_datasets(config: TrainConfig | dict[str, Any]) -> tuple[Dataset, Dataset]:
     """``(train, val)`` map-style datasets of ``(input, target)`` pairs for this config.
 
-    Takes a ``TrainConfig`` or the ``config`` dict stored in a checkpoint.
+    Takes a ``TrainConfig`` or the ``config`` dict stored in a checkpoint. A ``data`` of the
+    form ``package.module:callable`` is imported and called: that runs the module's code, so
+    pass only configs whose import paths you trust (the CLI refuses one that only a checkpoint
+    names). A ``.pt`` file is loaded with ``weights_only=True``: it cannot run code.
     """
     c = config if isinstance(config, TrainConfig) else TrainConfig(**config)
     if c.data == "synthetic":

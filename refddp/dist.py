@@ -6,18 +6,21 @@ work, then every rank meets" (``rank0_then_meet``), rank-aware logging and the h
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import faulthandler
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TypeVar
+from typing import IO, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -70,6 +73,33 @@ def loopback_store(timeout_s: float = 300.0) -> dist.TCPStore:
         timeout=datetime.timedelta(seconds=timeout_s),
         use_libuv=True,
     )
+
+
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # torch reads it when it creates a gloo group
+_IFF_LOOPBACK = 0x8
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface (``lo`` on Linux)."""
+    for _, name in socket.if_nameindex():
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read(), 16) & _IFF_LOOPBACK:
+                    return name
+        except (OSError, ValueError):
+            continue
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def pin_gloo_to_loopback() -> None:
+    """Make every gloo group this process, and the ranks it starts, creates use 127.0.0.1 only.
+
+    Without ``GLOO_SOCKET_IFNAME`` gloo binds the address the host name resolves to, which on
+    a typical node is the LAN address; naming the loopback interface keeps a job on one machine
+    unreachable from the network whatever ``/etc/hosts`` says. Local jobs only: ranks of a
+    multi-node job (plain torchrun) must reach each other, so nothing there calls this.
+    """
+    os.environ[GLOO_SOCKET_IFNAME] = loopback_interface()
 
 
 def under_torchrun() -> bool:
@@ -137,6 +167,7 @@ def init_distributed(
             )
             exit_with_parent()  # the elastic agent starts ranks in their own session
         else:
+            pin_gloo_to_loopback()  # one process: nothing needs to reach it
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
@@ -182,6 +213,37 @@ def teardown() -> None:
     if _owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _owns_group = False
+
+
+def end_process(main: Callable[[], int]) -> NoReturn:
+    """Run a rank's ``main`` and end the process with its exit code, never in a native abort.
+
+    ``destroy_process_group`` does not stop gloo's threads once DDP has wrapped a model (DDP
+    keeps a reference to the group: measured with torch 2.13, the worker and transport
+    threads outlive it), so they are still running while the interpreter finalizes; a native
+    thread that then touches Python or a C++ object being torn down aborts the process
+    (``terminate called without an active exception``, SIGABRT) after the run has finished.
+    So: run the exit handlers and flush while the interpreter is whole, then leave without
+    finalization; the kernel stops every thread at once. An uncaught exception is printed
+    and exits 1, like Python would.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, as a signal would
+        code = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001 - a bug keeps its traceback
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # e.g. coverage saving its data: they need a whole interpreter
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def rank() -> int:

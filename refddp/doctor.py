@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli, per_rank_batch_size
 from refddp.data import build_datasets
-from refddp.dist import init_distributed, teardown, under_torchrun
+from refddp.dist import end_process, init_distributed, teardown, under_torchrun
 from refddp.launch import launch
 
 ENV_VARS = (
@@ -122,18 +122,31 @@ def _shard_report(c: TrainConfig) -> dict[str, Any]:
     }
 
 
+def roll_call(timeout_s: float) -> None:
+    """Every rank reports in; the ranks that do not arrive within ``timeout_s`` are named.
+
+    ``monitored_barrier`` exists only on gloo: a job on another backend (NCCL on GPUs, or a
+    ``cpu:gloo,cuda:nccl`` group) holds its roll call on a gloo side group of every rank.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    side = None
+    try:
+        if dist.get_backend() != dist.Backend.GLOO:
+            side = dist.new_group(backend="gloo", timeout=timeout)
+        dist.monitored_barrier(side, timeout=timeout, wait_all_ranks=True)
+    except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
+        raise DoctorFailure(f"barrier failed: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        if side is not None:
+            dist.destroy_process_group(side)
+
+
 def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, Any]:
     """Run every check on this rank; the gathered result is complete on every rank."""
     ctx = init_distributed(c.device, timeout_s=max(barrier_timeout_s * 4, 60))
     device = torch.device(ctx.device)
     problems: list[str] = []
-    try:
-        # Names the ranks that do not arrive, instead of hanging like a plain barrier.
-        dist.monitored_barrier(
-            timeout=datetime.timedelta(seconds=barrier_timeout_s), wait_all_ranks=True
-        )
-    except RuntimeError as exc:
-        raise DoctorFailure(f"barrier failed: {str(exc).strip().splitlines()[0]}") from None
+    roll_call(barrier_timeout_s)
     reports: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(reports, _rank_report(device))
     timings = _allreduce_timings(device, repeats)
@@ -239,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     except DoctorFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        teardown()  # on every path: no gloo thread left running at exit
     if result["rank"] == 0:
         print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 1 if result["problems"] else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main)

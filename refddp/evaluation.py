@@ -74,7 +74,8 @@ def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     result = {**metrics, "checkpoint": path}
 
     def write() -> None:
-        with open(os.path.join(c.out, "eval.json"), "w") as f:
+        path = os.path.join(c.out, "eval.json")
+        with ckpt.writing(path), open(path, "w") as f:
             json.dump(result, f, indent=2)
 
     rank0_then_meet(write)
@@ -105,5 +106,11 @@ def run_predict(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         "prediction": all_logits.argmax(1),
         "checkpoint": path,
     }
-    rank0_then_meet(lambda: torch.save(result, os.path.join(c.out, "predictions.pt")))
+    path = os.path.join(c.out, "predictions.pt")
+
+    def write() -> None:
+        with ckpt.writing(path), open(path, "wb") as f:
+            ckpt.torch_save(result, f)
+
+    rank0_then_meet(write)
     return {"num_samples": len(index), "checkpoint": path}

@@ -6,11 +6,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from refddp.config import ConfigError
+from refddp.config import ConfigError, is_import_path
 
-
-def is_import_path(spec: str) -> bool:
-    return ":" in spec and not spec.endswith((".pt", ".pth"))
+__all__ = ["is_import_path", "load_callable"]
 
 
 def load_callable(spec: str, field: str) -> Callable[..., Any]:

@@ -8,13 +8,15 @@ use plain ``torchrun`` (see the README) and never come through here.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+import time
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
@@ -23,10 +25,12 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from refddp.dist import loopback_store
+from refddp.dist import loopback_store, pin_gloo_to_loopback
 
 LOOPBACK_BACKEND = "refddp-loopback"
 CONFIG_ENV = "REFDDP_RESOLVED_CONFIG"  # the launcher's resolved config, as JSON, for its ranks
+LAUNCHED_ENV = "REFDDP_LAUNCHED"  # set in every rank this launcher starts
+USAGE_EXIT = 2
 
 
 class _LoopbackRendezvous(DynamicRendezvousHandler):
@@ -92,6 +96,8 @@ def launch(
     # The agent logs every rank failure as a multi-line banner; we report it in one line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.update(env)
+    os.environ[LAUNCHED_ENV] = "1"
+    pin_gloo_to_loopback()  # the ranks inherit it: their gloo groups listen on 127.0.0.1 only
     config, cmd, cmd_args = config_from_args(parse_args(torchrun_args(module, nproc, max_restarts)))
     try:
         elastic_launch(config, cmd)(*cmd_args)
@@ -105,16 +111,64 @@ def launch(
 
 
 def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
-    codes = {rank: f.exitcode for rank, f in exc.failures.items()}
-    if all(code == 2 for code in codes.values()):
-        return 2  # a user error: the ranks already printed it in one line
+    """One line per distinct user error the ranks recorded, else one line naming every failure."""
+    failures = sorted(exc.failures.items())
+    usage = _usage_errors(failures)
+    if usage:
+        # A rank refused its configuration; ranks that failed with it were waiting on it.
+        for message, ranks in usage.items():
+            print(f"error: {message} ({_ranks(ranks)})", file=sys.stderr)
+        return 2
+    described = ", ".join(_describe(rank, failure) for rank, failure in failures)
     stacks_dir = os.path.join(out, "stacks")
-    stacks = sorted(os.listdir(stacks_dir)) if os.path.isdir(stacks_dir) else []
-    described = ", ".join(
-        f"rank {r} " + (f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit code {c}")
-        for r, c in sorted(codes.items())
+    stacks = _stack_files(stacks_dir)
+    hint = (
+        f"; stacks of hung ranks in {stacks_dir}/ ({', '.join(stacks)})"
+        if stacks
+        else "; see the ranks' output above"
     )
-    hint = f"; stacks of hung ranks in {stacks_dir}/" if stacks else "; see the ranks' output above"
     print(f"error: {job} failed: {described}{hint}", file=sys.stderr)
-    first = next(iter(codes.values()))
+    first = failures[0][1].exitcode
     return first if first > 0 else 1
+
+
+def _describe(rank: int, failure: ProcessFailure) -> str:
+    if failure.exitcode < 0:
+        return f"rank {rank} killed by {signal.Signals(-failure.exitcode).name}"
+    return f"rank {rank} exit code {failure.exitcode}"
+
+
+def _usage_errors(failures: list[tuple[int, ProcessFailure]]) -> dict[str, list[int]]:
+    """The one-line user errors ranks recorded (exit code 2), each with the ranks that hit it."""
+    found: dict[str, list[int]] = {}
+    for rank, failure in failures:
+        if failure.exitcode == USAGE_EXIT and isinstance(failure.message, str) and failure.message:
+            found.setdefault(failure.message, []).append(rank)
+    return found
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _stack_files(stacks_dir: str) -> list[str]:
+    """Names of the stack dumps hung ranks wrote; a rank killed outright leaves an empty file."""
+    if not os.path.isdir(stacks_dir):
+        return []
+    names = sorted(os.listdir(stacks_dir))
+    return [n for n in names if os.path.getsize(os.path.join(stacks_dir, n)) > 0]
+
+
+def record_usage_error(message: str) -> bool:
+    """In a rank this launcher started, hand a one-line user error to the launcher to print.
+
+    Uses the error file torch's elastic agent gives each rank (``TORCHELASTIC_ERROR_FILE``),
+    so the message reaches the launcher whichever rank raised it. False when there is none
+    (a single process, plain torchrun): the caller prints the message itself.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or LAUNCHED_ENV not in os.environ:
+        return False
+    with open(path, "w") as f:
+        json.dump({"message": message, "timestamp": int(time.time())}, f)
+    return True

@@ -71,7 +71,10 @@ class ConvNet(nn.Module):
 def build_model(config: TrainConfig | dict[str, Any]) -> nn.Module:
     """The run's model, freshly initialised from ``seed``, in the run's dtype, on the CPU.
 
-    Takes a ``TrainConfig`` or the ``config`` dict stored in a checkpoint.
+    Takes a ``TrainConfig`` or the ``config`` dict stored in a checkpoint. A ``model`` of the
+    form ``package.module:callable`` is imported and called: that runs the module's code, so
+    pass only configs whose import paths you trust. (The CLI refuses an import path that only
+    a checkpoint names, unless ``--model`` or ``--trust-checkpoint-code`` says so.)
     """
     c = config if isinstance(config, TrainConfig) else TrainConfig(**config)
     with torch.random.fork_rng(devices=[]):

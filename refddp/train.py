@@ -28,12 +28,13 @@ from refddp.data import build_datasets
 from refddp.dist import (
     HangWatchdog,
     RankZeroError,
+    end_process,
     init_distributed,
     setup_logging,
     teardown,
     under_torchrun,
 )
-from refddp.launch import CONFIG_ENV, launch
+from refddp.launch import CONFIG_ENV, launch, record_usage_error
 from refddp.models import build_model
 
 log = logging.getLogger("refddp")
@@ -86,8 +87,8 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
             f"data: {n_train} training samples for {world_size} rank(s) do not fill one global "
             f"batch of {global_batch}; lower batch_size or use more data"
         )
-    if c.task != "train" and n_val == 0:
-        raise ConfigError("data: the validation set is empty")
+    if n_val == 0:  # training evaluates too: refuse now, not after an epoch
+        raise ConfigError(f"data: the validation set of {c.data} is empty; it needs >= 1 sample")
     with torch.device("meta"):
         model = build_model(c)
     if resumed is not None:
@@ -138,10 +139,11 @@ def run_rank(c: TrainConfig) -> int:
                     f"{os.path.join(c.out, 'predictions.pt')}"
                 )
     except ConfigError as exc:
-        if ctx.is_main or c.log_all_ranks:
-            print(f"error: {exc}", file=sys.stderr)
+        # Possibly raised on this rank alone: the launcher prints it naming the rank.
+        if not record_usage_error(str(exc)):
+            print(f"error: {'' if ctx.is_main else f'rank {ctx.rank}: '}{exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (NonFiniteLoss, RankZeroError) as exc:
+    except (NonFiniteLoss, RankZeroError, ckpt.RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -178,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main)

@@ -119,7 +119,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
-    with open(os.path.join(c.out, "history.jsonl"), "a") as f:
+    path = os.path.join(c.out, "history.jsonl")
+    with ckpt.writing(path), open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 

@@ -72,7 +72,8 @@ def spiky_mlp(config):
 
 
 def killed_mlp(config):
-    """An MLP whose rank 1 SIGKILLs itself at forward $REFDDP_TEST_KILL_AT, first attempt only."""
+    """An MLP whose rank 1 (or $REFDDP_TEST_KILL_RANK) SIGKILLs itself at forward
+    $REFDDP_TEST_KILL_AT (unset: never), first attempt only."""
     import signal
 
     from refddp.models import MLP
@@ -85,9 +86,9 @@ def killed_mlp(config):
         if module.training:
             forwards["n"] += 1
             if (
-                dist.get_rank() == 1
+                dist.get_rank() == int(os.environ.get("REFDDP_TEST_KILL_RANK", "1"))
                 and first_attempt
-                and forwards["n"] == int(os.environ["REFDDP_TEST_KILL_AT"])
+                and forwards["n"] == int(os.environ.get("REFDDP_TEST_KILL_AT", "-1"))
             ):
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -116,3 +117,12 @@ class StuckDataset(torch.utils.data.Dataset):
 def stuck_datasets(config):
     train, val = synthetic(config)
     return StuckDataset(train), val
+
+
+def datasets_missing_on_rank_1(config):
+    """A data file present on rank 0's node only: rank 1 alone refuses its configuration."""
+    from refddp.config import ConfigError
+
+    if dist.is_initialized() and dist.get_rank() == 1:
+        raise ConfigError("data: file not found: /node-local/train.pt")
+    return synthetic(config)

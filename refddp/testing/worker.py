@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.dist import DistContext, exit_with_parent
+from refddp.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
 from refddp.testing import collectives, rank_coverage
 from refddp.testing.protocol import (
     RANK_FIXTURES,
@@ -137,6 +137,7 @@ def _init_group(args: argparse.Namespace) -> DistContext:
         # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
         # on gloo); our own fingerprint check takes its place. DETAIL is restored below.
         dist.set_debug_level(dist.DebugLevel.INFO)
+    pin_gloo_to_loopback()  # a pool's ranks are all on this machine
     dist.init_process_group(
         args.backend,
         store=store,
@@ -206,4 +207,4 @@ def _exit(cov: Any, code: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # every path ends in _exit: no interpreter finalization with gloo threads alive

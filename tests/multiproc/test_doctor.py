@@ -75,3 +75,28 @@ def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
     assert bad.returncode == 1
     assert "error: doctor failed: " in bad.stderr and "training" not in bad.stderr
     assert "PROBLEM: the 3 training samples do not fill one global batch of 4" in bad.stdout
+
+
+MIXED_BACKEND_DOCTOR = """
+import json, torch.distributed as dist
+from refddp.doctor import check
+from tests.rank_tasks import tiny_config
+# A default group whose backend is not plain gloo, as on GPUs ('cpu:gloo,cuda:nccl', 'nccl'):
+# monitored_barrier refuses it, so the roll call must run on a gloo side group.
+dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
+print(json.dumps(check(tiny_config("unused"), barrier_timeout_s=2.0, repeats=2)["problems"]))
+dist.destroy_process_group()  # ours: leaving with gloo's threads running can abort the exit
+"""
+
+
+def test_the_roll_call_runs_on_a_gloo_side_group_when_the_backend_is_not_gloo(spawn):
+    done = subprocess.run(
+        [sys.executable, "-c", MIXED_BACKEND_DOCTOR],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ValueError" not in done.stderr
+    assert json.loads(done.stdout) == []

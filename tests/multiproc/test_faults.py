@@ -263,3 +263,58 @@ def test_a_local_run_listens_on_loopback_only(tmp_path, spawn, no_leftovers):
         proc.communicate(timeout=60)
     assert len(addresses) >= 3, "rendezvous store, ranks' store and gloo listeners"
     assert set(addresses) == {"127.0.0.1"}, addresses
+
+
+def lan_address():
+    """An IPv4 address of this machine that is not loopback, or None."""
+    import subprocess
+
+    shown = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True
+    ).stdout.split()
+    return shown[shown.index("inet") + 1].split("/")[0] if "inet" in shown else None
+
+
+def test_a_local_run_listens_on_loopback_even_if_the_hostname_resolves_to_the_lan(
+    tmp_path, spawn, no_leftovers
+):
+    # Gloo binds the address the host name resolves to. Give the run a host name that resolves
+    # to this machine's LAN address (private UTS and mount namespaces, a private /etc/hosts),
+    # so the test cannot pass merely because this machine's name maps to 127.0.0.1.
+    address = lan_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{address} refddp-lan-host\n")
+    private = ["unshare", "--uts", "--mount", "sh", "-c",
+               'mount --bind "$0" /etc/hosts && hostname refddp-lan-host && exec "$@"', str(hosts)]  # fmt: skip
+    import subprocess
+
+    if subprocess.run([*private, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create private UTS and mount namespaces here (needs root)")
+    proc = start([*private, *cli(tmp_path / "run", "--nproc", 2, "--epochs", 400, "--ckpt-every", 50)])
+    try:
+        wait_for(
+            (tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth").exists,
+            120,
+            "training to be under way",
+        )
+        addresses = listening_addresses([proc.pid, *rank_pids(proc.pid)])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert len(addresses) >= 3, "rendezvous store, ranks' store and gloo listeners"
+    assert set(addresses) == {"127.0.0.1"}, addresses
+
+
+def gloo_setting_and_listeners():
+    """On a pool rank: the gloo interface setting and this process's listening addresses."""
+    return os.environ.get("GLOO_SOCKET_IFNAME"), listening_addresses([os.getpid()])
+
+
+def test_the_harness_pools_pin_gloo_to_loopback(spawn):
+    from refddp.dist import loopback_interface
+
+    for interface, addresses in spawn(gloo_setting_and_listeners):
+        assert interface == loopback_interface()  # set before the pool's group was created
+        assert addresses and set(addresses) == {"127.0.0.1"}, addresses

@@ -148,3 +148,52 @@ def test_the_real_cli_exits_2_with_one_line():
     assert proc.stderr.strip().splitlines() == [
         "error: argument --amp: invalid choice: 'fp8' (choose from 'off', 'fp16', 'bf16')"
     ]
+
+
+def test_an_empty_validation_set_is_refused_before_training(capsys, tmp_path):
+    path = tmp_path / "d.pt"
+    torch.save(
+        {
+            "train_x": torch.randn(256, 32),
+            "train_y": torch.zeros(256, dtype=torch.int64),
+            "val_x": torch.empty(0, 32),
+            "val_y": torch.empty(0, dtype=torch.int64),
+        },
+        path,
+    )
+    expect_usage_error(
+        capsys,
+        ["--data", str(path), "--out", str(tmp_path / "run")],
+        f"data: the validation set of {path} is empty; it needs >= 1 sample",
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("text", ["fast", "1e-3x", "nan"])
+def test_a_yaml_number_that_is_not_a_number_names_the_field(capsys, tmp_path, text):
+    config = tmp_path / "train.yaml"
+    config.write_text(f"lr: {text}\n")
+    expect_usage_error(capsys, ["--config", str(config)], f"lr: expected float, got '{text}'")
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(capsys, tmp_path):
+    config = TrainConfig()
+    state = {
+        "format_version": ckpt.FORMAT_VERSION + 1,
+        "model_state_dict": build_model(config).state_dict(),
+        "optimizer_state_dict": {},
+        "scaler_state_dict": {},
+        "epoch": 0,
+        "step": 0,
+        "world_size": 1,
+        "config": config.to_dict(),
+        "metrics": {},
+    }
+    path = tmp_path / "future.pth"
+    torch.save(state, path)
+    expect_usage_error(
+        capsys,
+        ["--task", "eval", "--resume", str(path), "--out", str(tmp_path / "r")],
+        f"{path}: checkpoint format_version {ckpt.FORMAT_VERSION + 1} is newer than this refddp "
+        f"reads (format_version {ckpt.FORMAT_VERSION})",
+    )

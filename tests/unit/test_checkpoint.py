@@ -53,7 +53,7 @@ def test_crash_while_writing_leaves_the_old_checkpoint_intact(tmp_path, monkeypa
         raise RuntimeError("simulated crash during write")
 
     monkeypatch.setattr(torch, "save", crash_half_way)
-    with pytest.raises(ckpt.CheckpointError, match="simulated crash"):
+    with pytest.raises(ckpt.RunFileError, match="simulated crash"):
         ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
     monkeypatch.setattr(torch, "save", real_save)
     directory = tmp_path / "checkpoints"
@@ -69,7 +69,7 @@ def test_disk_full_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", no_space)
     with pytest.raises(
-        ckpt.CheckpointError, match=r"cannot write checkpoint .*: No space left on device$"
+        ckpt.RunFileError, match=r"cannot write checkpoint .*: No space left on device$"
     ):
         ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
     monkeypatch.undo()

@@ -1,0 +1,108 @@
+"""Flake hunt: run the fault tests and the CLI end-to-end tests many times, as CI would.
+
+    python benchmarks/stress.py [REPETITIONS] [--workers N] [TEST PATHS...]
+
+Each repetition is one pytest session under ``-n WORKERS`` (default 2, like ``make test``),
+so pools, ports and processes are set up from scratch every time. Records how often each
+test ran and failed, with the tail of every failure, to ``results/stress.json``. Goal
+(issue 15): 0 failures in 30 repetitions. ``make stress`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record import write  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TESTS = [
+    "tests/multiproc/test_faults.py",
+    "tests/multiproc/test_cli.py",
+    "tests/multiproc/test_exit_codes.py",
+]
+
+
+def run_once(tests: list[str], workers: int, report: str) -> float:
+    """One pytest session; its junit XML goes to ``report``. Returns the wall time."""
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", str(workers), f"--junitxml={report}", *tests],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+def outcomes(report: str) -> list[tuple[str, str, str]]:
+    """(test id, outcome, failure text) for every test case in a junit XML report."""
+    found = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            found.append((name, "failed", (problem.text or "")[-2000:]))
+        elif case.find("skipped") is not None:
+            found.append((name, "skipped", ""))
+        else:
+            found.append((name, "passed", ""))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("repetitions", nargs="?", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("tests", nargs="*", default=DEFAULT_TESTS)
+    args = parser.parse_args()
+    runs: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    failures: list[dict[str, object]] = []
+    seconds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repetition in range(1, args.repetitions + 1):
+            report = os.path.join(tmp, f"{repetition}.xml")
+            seconds.append(run_once(args.tests, args.workers, report))
+            if not os.path.exists(report):  # pytest itself broke: count it, keep going
+                failed["<pytest session>"] += 1
+                runs["<pytest session>"] += 1
+                continue
+            for name, outcome, text in outcomes(report):
+                if outcome == "skipped":
+                    continue
+                runs[name] += 1
+                if outcome == "failed":
+                    failed[name] += 1
+                    failures.append({"repetition": repetition, "test": name, "output": text})
+            print(f"repetition {repetition}/{args.repetitions}: {sum(failed.values())} "
+                  f"failure(s) so far ({seconds[-1]:.0f} s)", flush=True)  # fmt: skip
+    results = {
+        "repetitions": args.repetitions,
+        "workers": args.workers,
+        "tests": args.tests,
+        "test_runs": sum(runs.values()),
+        "test_failures": sum(failed.values()),
+        "per_test": {n: {"runs": runs[n], "failures": failed[n]} for n in sorted(runs)},
+        "failures": failures,
+        "seconds_per_repetition": sum(seconds) / max(len(seconds), 1),
+    }
+    rows = [f"{'test':<100} {'runs':>5} {'failed':>6}"]
+    rows += [f"{n[-100:]:<100} {runs[n]:>5} {failed[n]:>6}" for n in sorted(runs)]
+    rows.append(
+        f"{args.repetitions} repetitions under -n {args.workers}: "
+        f"{results['test_failures']} failure(s) in {results['test_runs']} test runs"
+    )
+    write("stress", results, "\n".join(rows))
+    sys.exit(1 if results["test_failures"] else 0)
+
+
+if __name__ == "__main__":
+    main()

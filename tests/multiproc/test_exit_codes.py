@@ -1,0 +1,145 @@
+"""Exit codes and one-line errors of the real CLI for failures that happen after ranks start."""
+
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.cli_runs import run, train_command
+
+
+def error_lines(stderr):
+    return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+
+
+def test_a_sigkilled_rank_is_named_and_no_empty_stack_file_is_reported(run_cli, tiny):
+    done = run_cli(
+        "--nproc", 2, model="tests.user_code:killed_mlp", check=False,
+        env={"REFDDP_TEST_KILL_AT": "3"}, **tiny,
+    )  # fmt: skip
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert "rank 1 killed by SIGKILL" in last
+    assert "stacks of hung ranks" not in last, "a killed rank leaves only an empty stack file"
+    assert last.endswith("see the ranks' output above")
+
+
+def test_a_config_error_on_one_rank_only_is_printed_naming_the_rank(run_cli, tiny):
+    done = run_cli(
+        "--nproc", 2, data="tests.user_code:datasets_missing_on_rank_1", check=False, **tiny
+    )
+    assert done.returncode == 2, done.stderr
+    assert error_lines(done.stderr) == [
+        "error: data: file not found: /node-local/train.pt (rank 1)"
+    ], done.stderr
+
+
+def no_space_left(path):
+    """``path`` becomes a file every write to fails with ENOSPC: a full disk, without root."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to("/dev/full")
+
+
+def test_a_full_disk_while_writing_history_exits_1_naming_the_file(run_cli, tiny, tmp_path):
+    history = tmp_path / "run" / "history.jsonl"
+    no_space_left(history)
+    done = run_cli("--nproc", 2, check=False, **tiny)
+    assert done.returncode == 1, done.stderr
+    errors = error_lines(done.stderr)
+    assert errors[0] == f"error: cannot write {history}: No space left on device", done.stderr
+    assert errors[1].startswith("error: training failed: ")  # the launcher's summary
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("task, name", [("eval", "eval.json"), ("predict", "predictions.pt")])
+def test_a_full_disk_while_writing_results_exits_1_naming_the_file(run_cli, tiny, task, name):
+    trained = run_cli("--nproc", 1, **tiny)
+    no_space_left(trained.out / name)
+    done = run_cli("--task", task, "--nproc", 1, check=False)
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr) == [
+        f"error: cannot write {trained.out / name}: No space left on device"
+    ], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_full_disk_while_saving_a_checkpoint_exits_1_naming_the_file(tmp_path, tiny, spawn):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    # A real full file system: a 4 KiB tmpfs on the checkpoint directory, in a private mount
+    # namespace (root only; the mount disappears with the process).
+    mount = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$@"']
+    probe = subprocess.run([*mount, str(checkpoints), "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr!r}")
+    cmd = [*mount, str(checkpoints), *train_command(tmp_path / "run", "--nproc", 2, **tiny)]
+    done = run(cmd)
+    assert done.returncode == 1, done.stderr
+    errors = error_lines(done.stderr)
+    latest = checkpoints / "checkpoint_latest.pth"
+    assert errors[0] == f"error: cannot write checkpoint {latest}: No space left on device", done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_link_of_the_best_checkpoint_exits_1_naming_the_file(run_cli, tiny, tmp_path):
+    best = tmp_path / "run" / "checkpoints" / "checkpoint_best.pth"
+    (best / "in_the_way").mkdir(parents=True)  # a directory where the file must go
+    done = run_cli("--nproc", 1, check=False, **tiny)
+    assert done.returncode == 1, done.stderr
+    assert error_lines(done.stderr) == [
+        f"error: cannot write checkpoint {best}: Is a directory"
+    ], done.stderr
+
+
+def dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporary_files_of_writers_killed_mid_write_are_removed_by_the_next_save(
+    run_cli, tiny, tmp_path
+):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    dead = dead_pid()
+    stale = [f".checkpoint_latest.pth.tmp-{dead}", f"checkpoint_best.pth.tmp-{dead}"]
+    live = f".checkpoint_latest.pth.tmp-{os.getpid()}"  # a writer that is still running
+    for name in [*stale, live]:
+        (checkpoints / name).write_bytes(b"PK\x03\x04 half a checkpoint")
+    run_cli("--nproc", 1, "--stop-after", 2, **tiny)
+    left = sorted(p.name for p in checkpoints.iterdir())
+    assert left == sorted([live, "checkpoint_latest.pth"]), left
+
+
+def test_yaml_numbers_written_with_an_exponent_load(run_cli, tiny, tmp_path):
+    config = tmp_path / "train.yaml"
+    # PyYAML reads 1e-3 (no dot) as the string '1e-3': these are the numbers people write.
+    config.write_text("lr: 1e-3\nweight_decay: 5E-4\nmax_steps: 1e1\n")
+    done = run_cli("--config", config, "--nproc", 1, **tiny)
+    saved = yaml.safe_load((done.out / "config.yaml").read_text())
+    assert (saved["lr"], saved["weight_decay"], saved["max_steps"]) == (0.001, 0.0005, 10)
+    assert "done: step 10" in done.stderr
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("restart", [False, True], ids=["no_restart", "sigkill_and_restart"])
+def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):
+    """After a stop, and after an elastic restart, a finished run ends with exit code 0 (a
+    native thread outliving the interpreter once turned a finished run into SIGABRT)."""
+    flags = {**tiny, "model": "tests.user_code:killed_mlp", "ckpt_every": 4}
+    stopped = run_cli("--nproc", nproc, "--stop-after", 2, check=False, **flags)
+    assert stopped.returncode == 0, stopped.stderr
+    kill = {"REFDDP_TEST_KILL_AT": "5", "REFDDP_TEST_KILL_RANK": str(nproc - 1)}
+    done = run_cli(
+        "--nproc", nproc, "--max-restarts", int(restart), check=False,
+        env=kill if restart else None, **flags,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr
+    steps = 24 // nproc
+    assert f"done: step {steps}" in done.stderr
+    # Resumed after the stop, and once more after the kill (during step 7) if restarted.
+    assert done.stderr.count("resumed from") == 1 + restart, done.stderr
