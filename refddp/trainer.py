@@ -2,7 +2,8 @@
 
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
-every rank reaches (``agree_any``, ``rank0_then_meet``, the metric all-reduce).
+every rank reaches (``Trainer.agree``, ``rank0_then_meet``, the metric all-reduce). What a
+checkpoint holds and how it is restored lives in ``checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import logging
 import math
 import os
-import resource
 import signal
 import time
 from contextlib import nullcontext
@@ -29,21 +29,10 @@ from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_ya
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
 from refddp.evaluation import autocast, evaluate
+from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 
 log = logging.getLogger("refddp")
-
-# bf16 dense peak FLOP/s by device name, for MFU (public spec-sheet numbers).
-PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10": 125e12,
-    "V100": 125e12,
-    "RTX 4090": 165e12,
-}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -51,7 +40,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; ranks agree on it at the next step and stop together."""
+    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
+    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -97,12 +87,6 @@ def sync_buffers(model: nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
@@ -282,7 +266,7 @@ class Trainer:
             "data_wait_share": w["data_wait"] / elapsed,
             "peak_memory_mb": peak_memory_mb(self.device),
         }
-        mfu = self._mfu(record["samples_per_s"])
+        mfu = model_flops_utilisation(self.model, self.device, record["samples_per_s"])
         if mfu is not None:
             record["mfu"] = mfu
         self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
@@ -302,17 +286,6 @@ class Trainer:
                 record["samples_per_s"],
             )
         return is_best, False
-
-    def _mfu(self, samples_per_s: float) -> float | None:
-        if self.device.type != "cuda":
-            return None
-        name = torch.cuda.get_device_name(self.device)
-        peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-        if peak is None:
-            return None
-        # ~6 FLOPs per parameter per sample (forward 2, backward 4) for dense layers.
-        flops = 6 * count_parameters(self.model) * samples_per_s / self.ctx.world_size
-        return flops / peak
 
     # -- the loop ----------------------------------------------------------------------------
 
