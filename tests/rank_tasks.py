@@ -110,3 +110,24 @@ def first_update_norm(out: str, **overrides) -> float:
     trainer.fit()
     after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
     return float((after - before).norm())
+
+
+def fit_signalled_during_save(out: str, save_step: int, **overrides) -> dict:
+    """``fit``, with rank 0 sent SIGTERM while it writes the checkpoint of ``save_step``."""
+    import os
+    import signal
+
+    from refddp import checkpoint
+
+    write = checkpoint.write_checkpoint
+
+    def write_while_signalled(state, out_dir, is_best):
+        if state["step"] == save_step:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands in the middle of the save
+        return write(state, out_dir, is_best)
+
+    checkpoint.write_checkpoint = write_while_signalled
+    try:
+        return fit(out, **overrides)["result"]
+    finally:
+        checkpoint.write_checkpoint = write

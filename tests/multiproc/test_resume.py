@@ -10,6 +10,7 @@ import yaml
 
 from refddp.dist import loopback_store
 from tests.cli_runs import run, run_nodes, start, torchrun_node_command, train_command
+from tests.rank_tasks import fit_signalled_during_save
 
 
 def assert_same_weights(a, b, rtol=0.0, atol=0.0):
@@ -210,3 +211,10 @@ def test_one_process_stopped_by_a_signal_exits_128_plus_n_and_says_stopped(
     step = torch.load(latest, weights_only=True)["step"]
     assert f"stopped at step {step} ({sig.name})" in stderr
     assert f"stopped: step {step}" in stderr and "done:" not in stderr
+
+
+def test_a_stop_requested_during_a_save_ends_the_run_at_that_save(spawn, tmp_path):
+    results = spawn(fit_signalled_during_save, str(tmp_path), save_step=4, ckpt_every=4)
+    assert [(r["step"], r["stopped_by"]) for r in results] == [(4, signal.SIGTERM)] * 2
+    latest = torch.load(tmp_path / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
+    assert latest["step"] == 4
