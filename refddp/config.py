@@ -93,6 +93,12 @@ class TrainConfig:
     resume: str = _opt(
         "auto", "'auto' (latest in out, if any), 'never', or a checkpoint path", inherit=False
     )
+    init_from: str = _opt(
+        "",
+        "start a new run from this checkpoint's weights only (fresh optimizer, schedule and "
+        "position; its config is not read); ignored once out holds a checkpoint to resume",
+        inherit=False,
+    )
     ckpt_every: int = _opt(0, "optimizer steps between checkpoints (0: end of each epoch only)")
     eval_every: int = _opt(0, "optimizer steps between evaluations (0: end of each epoch only)")
     stop_after: int = _opt(
@@ -305,6 +311,8 @@ def validate(c: TrainConfig) -> None:
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not c.resume.endswith((".pt", ".pth")):
         raise ConfigError(f"resume: expected auto, never or a .pt/.pth path, got {c.resume!r}")
+    if c.init_from and not c.init_from.endswith((".pt", ".pth")):
+        raise ConfigError(f"init_from: expected a .pt/.pth checkpoint path, got {c.init_from!r}")
 
 
 def per_rank_batch_size(c: TrainConfig, world_size: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -32,17 +33,29 @@ def autocast(c: TrainConfig, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, dataset: Any, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None
-) -> dict[str, float]:
-    """Loss and accuracy over every validation sample exactly once, at any world size."""
+    model: nn.Module,
+    dataset: Any,
+    c: TrainConfig,
+    ctx: DistContext,
+    watchdog: HangWatchdog | None,
+    stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Loss and accuracy over every validation sample exactly once, at any world size.
+
+    ``stop()`` true on any rank ends the evaluation early on that rank; the all-reduce every
+    rank meets at tells them all, and the result says ``interrupted`` instead of metrics.
+    """
     device = torch.device(ctx.device)
     model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
     was_training = model.training
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, count, stop
     sampler = ShardSampler(len(dataset), ctx.world_size, ctx.rank)
     loader = make_loader(dataset, sampler, c.batch_size, c, device.type == "cuda", c.seed)
     for x, y in loader:
+        if stop is not None and stop():
+            sums[3] = 1
+            break
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(c, device):
             logits = model(x)
@@ -55,8 +68,15 @@ def evaluate(
             watchdog.progress()
     dist.all_reduce(sums)  # sums and counts, not means: exact with uneven shards
     model.train(was_training)
-    loss, correct, count = sums.tolist()
-    return {"val_loss": loss / count, "val_acc": correct / count, "num_samples": int(count)}
+    loss, correct, count, stopped = sums.tolist()
+    if stopped:
+        return {"interrupted": True}
+    return {
+        "val_loss": loss / count,
+        "val_acc": correct / count,
+        "num_samples": int(count),
+        "interrupted": False,
+    }
 
 
 def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:
@@ -71,6 +91,7 @@ def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     model, path = load_for_inference(c, ctx)
     _, val = build_datasets(c)
     metrics = evaluate(model, val, c, ctx, None)
+    metrics.pop("interrupted")
     result = {**metrics, "checkpoint": path}
 
     def write() -> None:

@@ -56,7 +56,10 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, Resumed]:
     resumed = ckpt.load_resume_checkpoint(base)
     if resumed is None:
         return base, None
-    return merge(cli, from_yaml, resumed[1]["config"]), resumed
+    c = merge(cli, from_yaml, resumed[1]["config"])
+    if c.task == "train":  # the same run goes on: refused changes fail, its global batch stays
+        c = ckpt.continue_run(c, resumed[1], resumed[0], explicit={*cli, *from_yaml})
+    return c, resumed
 
 
 def resolve_nproc(c: TrainConfig) -> int:
@@ -75,6 +78,8 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
             f"nproc: {world_size} ranks need {world_size} GPUs with NCCL, "
             f"found {torch.cuda.device_count()}"
         )
+    if resumed is not None and c.task == "train":
+        ckpt.check_global_batch(c, world_size, resumed[1], resumed[0])
     batch = per_rank_batch_size(c, world_size)
     if c.data == "synthetic":  # nothing to check but sizes; the ranks generate it
         n_train, n_val = c.train_size, c.val_size
@@ -94,6 +99,12 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
     if resumed is not None:
         path, state = resumed
         ckpt.check_model_compatible(model, state["model_state_dict"], path)
+    elif c.init_from and c.task == "train":
+        if not os.path.isfile(c.init_from):
+            raise ConfigError(f"init_from: checkpoint not found: {c.init_from}")
+        ckpt.check_model_compatible(
+            model, ckpt.load_checkpoint(c.init_from)["model_state_dict"], c.init_from
+        )
     try:
         os.makedirs(c.out, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=c.out):
@@ -115,7 +126,7 @@ def run_rank(c: TrainConfig) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(c.seed + ctx.rank)
-    started = time.perf_counter()
+    started, code = time.perf_counter(), 0
     stacks = os.path.join(stacks_dir, f"rank{ctx.rank}.txt")
     try:
         with HangWatchdog(stacks, c.timeout) as watchdog:
@@ -123,9 +134,14 @@ def run_rank(c: TrainConfig) -> int:
                 result = Trainer(c, ctx, watchdog).fit()
                 m = result["metrics"]
                 summary = (
-                    f"done: step {result['step']}, val_loss {m.get('val_loss', float('nan')):.4f}, "
+                    f"{'stopped' if result['stopped'] else 'done'}: step {result['step']}, "
+                    f"val_loss {m.get('val_loss', float('nan')):.4f}, "
                     f"val_acc {m.get('val_acc', float('nan')):.4f}"
                 )
+                if result["stopped_by"] and not under_torchrun():
+                    # One process, no launcher: its exit code tells preemption from completion,
+                    # as the launcher's 128+N does for several ranks.
+                    code = 128 + result["stopped_by"]
             elif c.task == "eval":
                 r = run_eval(c, ctx)
                 summary = (
@@ -157,7 +173,7 @@ def run_rank(c: TrainConfig) -> int:
             ctx.world_size,
             c.out,
         )
-    return 0
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

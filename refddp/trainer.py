@@ -2,7 +2,8 @@
 
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
-every rank reaches (``agree_any``, ``rank0_then_meet``, the metric all-reduce).
+every rank reaches (``Trainer.agree``, ``rank0_then_meet``, the metric all-reduce). What a
+checkpoint holds and how it is restored lives in ``checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ import json
 import logging
 import math
 import os
-import resource
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,24 +27,13 @@ from tqdm import tqdm
 from refddp import checkpoint as ckpt
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
-from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
+from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
 from refddp.evaluation import autocast, evaluate
+from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.sync_batchnorm import convert_sync_batchnorm
 
 log = logging.getLogger("refddp")
-
-# bf16 dense peak FLOP/s by device name, for MFU (public spec-sheet numbers).
-PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10": 125e12,
-    "V100": 125e12,
-    "RTX 4090": 165e12,
-}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -53,7 +41,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; ranks agree on it at the next step and stop together."""
+    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
+    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -73,17 +62,6 @@ class StopRequest:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signal = signum
-
-
-@dataclass
-class Position:
-    """Where training is; saved in every checkpoint so resume continues exactly here."""
-
-    epoch: int = 0
-    step: int = 0  # optimizer steps done (global batches consumed)
-    samples_in_epoch: int = 0  # of this epoch's global order
-    best_val_loss: float = math.inf
-    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 def lr_factor(c: TrainConfig, total_steps: int) -> Any:
@@ -110,12 +88,6 @@ def sync_buffers(model: nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
@@ -179,10 +151,13 @@ class Trainer:
             self.optimizer, lr_factor(c, self.total_steps)
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
-        self.pos = Position()
+        self.parts = ckpt.RunParts(self.model, self.optimizer, self.scheduler, self.scaler)
+        self.pos = ckpt.Position()
         self.stop = StopRequest()
+        self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
         self.resumed_from = self._resume()
+        self.window = self.new_window(self.pos.window)
         if self.resumed_from:
             rank0_then_meet(lambda: truncate_history(c.out, self.pos.step))
         # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
@@ -197,93 +172,105 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------
 
     def _resume(self) -> str | None:
-        resumed = ckpt.load_resume_checkpoint(self.c)
-        if resumed is None:
-            return None
-        path, state = resumed
-        ckpt.load_model_weights(self.model, state, path)
-        self.optimizer.load_state_dict(state["optimizer_state_dict"])
-        if state.get("scheduler_state_dict"):
-            self.scheduler.load_state_dict(state["scheduler_state_dict"])
-        self.scaler.load_state_dict(state["scaler_state_dict"])
-        self.pos = Position(
-            epoch=state["epoch"],
-            step=state["step"],
-            samples_in_epoch=state.get("samples_in_epoch", 0),
-            best_val_loss=state.get("best_val_loss", math.inf),
-            metrics=state["metrics"],
-        )
-        if self.pos.samples_in_epoch % self.global_batch:
-            raise ckpt.CheckpointError(
-                f"{path}: stopped mid-epoch after {self.pos.samples_in_epoch} samples, which is "
-                f"not a whole number of global batches of {self.global_batch}; resume with the "
-                "same global_batch_size"
+        """Every rank continues from rank 0's checkpoint (with ``--out`` on node-local disks the
+        others may have none), or from ``init_from``'s weights, or from scratch."""
+        c, ctx = self.c, self.ctx
+        mine = ckpt.load_resume_checkpoint(c)
+        found: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(found, mine and (mine[0], mine[1]["step"]))
+        if any(f is not None and (found[0] is None or f[1] != found[0][1]) for f in found[1:]):
+            seen = "; ".join(
+                f"rank {r}: " + (f"step {f[1]} in {f[0]}" if f else f"none in {c.out}")
+                for r, f in enumerate(found)
             )
-        rng = state.get("rng_states") or []
-        if len(rng) == self.ctx.world_size:
-            ckpt.set_rng_state(rng[self.ctx.rank])
-        else:  # another world size: a fresh, still deterministic, stream per rank
-            torch.manual_seed(self.c.seed + 7919 * self.pos.step + self.ctx.rank)
-        log.info("resumed from %s at epoch %d, step %d", path, self.pos.epoch, self.pos.step)
+            raise ckpt.CheckpointError(
+                f"resume: ranks found different checkpoints ({seen}); every rank resumes from "
+                "rank 0's: give rank 0 the checkpoint (a shared --out, or --resume PATH)"
+            )
+        shared = [mine if ctx.is_main else None]
+        if found[0] is not None and ctx.world_size > 1:
+            dist.broadcast_object_list(shared, src=0)
+        if shared[0] is None:
+            if c.init_from:  # weights only; DDP then broadcasts rank 0's to every rank
+                rank0_then_meet(lambda: ckpt.load_model_weights(
+                    self.model, ckpt.load_checkpoint(c.init_from), c.init_from))  # fmt: skip
+                log.info("initialised from the weights of %s", c.init_from)
+            return None
+        path, state = shared[0]
+        self.pos = ckpt.restore(state, path, self.parts, c, ctx.rank, ctx.world_size,
+                                self.global_batch, self.sampler.steps_per_epoch)  # fmt: skip
+        log.info("resumed from %s at epoch %d, step %d", path, self.epoch, self.pos.step)
         return path
 
-    def save(self, is_best: bool = False) -> None:
-        """Every rank gathers its RNG state; rank 0 writes; all meet before going on."""
+    def save(self, is_best: bool = False) -> int:
+        """Every rank sends its RNG state and loss window; rank 0 writes; all meet.
+
+        Returns the stop signal any rank has received by then (0: none): a save, however long,
+        is a point where a stop request is honoured.
+        """
         if self.model_has_buffers:
             sync_buffers(self.model)
-        rng_states: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(rng_states, ckpt.rng_state())
-        state = {
-            "format_version": ckpt.FORMAT_VERSION,
-            "model_state_dict": ckpt.unwrap(self.model).state_dict(),
-            "optimizer_state_dict": self.optimizer.state_dict(),
-            "scheduler_state_dict": self.scheduler.state_dict(),
-            "scaler_state_dict": self.scaler.state_dict(),
-            "epoch": self.pos.epoch,
-            "step": self.pos.step,
-            "samples_in_epoch": self.pos.samples_in_epoch,
-            "best_val_loss": self.pos.best_val_loss,
-            "world_size": self.ctx.world_size,
-            "config": self.c.to_dict(),
-            "metrics": self.pos.metrics,
-            "rng_states": rng_states,
-        }
+        per_rank: list[Any] = [None] * self.ctx.world_size
+        mine = {"rng": ckpt.rng_state(), "loss": self.window["loss"].tolist()}
+        dist.all_gather_object(per_rank, mine)
+        self.pos.window = {k: self.window[k] for k in ("samples", "steps", "data_wait")}
+        self.pos.window["seconds"] = (
+            self.window["seconds"] + time.perf_counter() - self.window["start"]
+        )
+        state = ckpt.build_state(self.parts, self.pos, self.c, self.global_batch,
+                                 self.sampler.steps_per_epoch, per_rank)  # fmt: skip
         rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
         if self.watchdog:
             self.watchdog.progress()
+        return self.agree()[1]
 
     @property
     def model_has_buffers(self) -> bool:
         return any(True for _ in self.model.buffers())
 
+    @property
+    def epoch(self) -> int:
+        return self.pos.step // self.sampler.steps_per_epoch
+
     # -- evaluation --------------------------------------------------------------------------
 
-    def new_window(self) -> dict[str, Any]:
-        """What is measured between two evaluations."""
-        return {"start": time.perf_counter(), "samples": 0, "steps": 0, "data_wait": 0.0,
+    def new_window(self, saved: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What is measured between two evaluations (``saved``: carried over by a resume)."""
+        saved = saved or {}
+        return {"start": time.perf_counter(), "seconds": saved.get("seconds", 0.0),
+                "samples": saved.get("samples", 0), "steps": saved.get("steps", 0),
+                "data_wait": saved.get("data_wait", 0.0),
                 # [sum of step losses, steps taken]: on the device, summed over ranks at eval
-                "loss": torch.zeros(2, dtype=torch.float64, device=self.device)}  # fmt: skip
+                "loss": torch.tensor(saved.get("loss", [0.0, 0.0]), dtype=torch.float64,
+                                     device=self.device)}  # fmt: skip
 
-    def evaluate_and_record(self, window: dict[str, Any]) -> bool:
-        """Evaluate, log, append to history; True if this is the best validation loss so far."""
-        elapsed = max(time.perf_counter() - window["start"], 1e-9)  # training time only
+    def evaluate_and_record(self) -> tuple[bool, bool]:
+        """Evaluate, log, append to history: (best validation loss so far?, interrupted?).
+
+        A stop request on any rank interrupts the evaluation; nothing is then recorded.
+        """
+        w = self.window
+        elapsed = max(w["seconds"] + time.perf_counter() - w["start"], 1e-9)  # training only
         if self.model_has_buffers:
             sync_buffers(self.model)
-        metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog)
-        train_loss = window["loss"]
+        metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog,
+                           stop=lambda: self.stop.signal is not None)  # fmt: skip
+        if metrics["interrupted"]:
+            return False, True
+        train_loss = w["loss"]
         dist.all_reduce(train_loss)
         record = {
-            "epoch": self.pos.epoch,
+            "epoch": self.epoch,
             "step": self.pos.step,
             "train_loss": train_loss[0].item() / max(train_loss[1].item(), 1),
             "val_loss": metrics["val_loss"],
             "val_acc": metrics["val_acc"],
-            "samples_per_s": window["samples"] / elapsed,
-            "step_time_s": elapsed / max(window["steps"], 1),
-            "data_wait_share": window["data_wait"] / elapsed,
+            "samples_per_s": w["samples"] / elapsed,
+            "step_time_s": elapsed / max(w["steps"], 1),
+            "data_wait_share": w["data_wait"] / elapsed,
             "peak_memory_mb": peak_memory_mb(self.device),
         }
-        mfu = self._mfu(record["samples_per_s"])
+        mfu = model_flops_utilisation(self.model, self.device, record["samples_per_s"])
         if mfu is not None:
             record["mfu"] = mfu
         self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
@@ -291,6 +278,7 @@ class Trainer:
         if is_best:
             self.pos.best_val_loss = metrics["val_loss"]
         rank0_then_meet(lambda: _append_history(self.c, record))
+        self.window = self.new_window()
         if self.ctx.is_main:
             log.info(
                 "epoch %d step %d: train_loss %.4f val_loss %.4f val_acc %.4f %.0f samples/s",
@@ -301,20 +289,95 @@ class Trainer:
                 record["val_acc"],
                 record["samples_per_s"],
             )
-        return is_best
-
-    def _mfu(self, samples_per_s: float) -> float | None:
-        if self.device.type != "cuda":
-            return None
-        name = torch.cuda.get_device_name(self.device)
-        peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-        if peak is None:
-            return None
-        # ~6 FLOPs per parameter per sample (forward 2, backward 4) for dense layers.
-        flops = 6 * count_parameters(self.model) * samples_per_s / self.ctx.world_size
-        return flops / peak
+        return is_best, False
 
     # -- the loop ----------------------------------------------------------------------------
+
+    def agree(self, nonfinite: bool = False) -> tuple[bool, int]:
+        """Every rank learns whether any rank saw a non-finite loss, and the stop signal any
+        rank received (0: none), so all take the same branch. One small all-reduce."""
+        flags = torch.tensor([float(nonfinite), float(self.stop.signal or 0)], device=self.device)
+        if self.ctx.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), int(flags[1])
+
+    def epoch_batches(self) -> Any:
+        """This epoch's batches from the current position on (a resume starts mid-epoch)."""
+        c, ctx, pos = self.c, self.ctx, self.pos
+        self.sampler.set_epoch(self.epoch)  # a new shuffle each epoch, the same on every rank
+        self.sampler.set_start(pos.step % self.sampler.steps_per_epoch * self.global_batch)
+        loader_seed = c.seed * 100_003 + self.epoch * 1009 + ctx.rank
+        pin = self.device.type == "cuda"
+        return iter(make_loader(self.train_set, self.sampler, self.batch_size, c, pin, loader_seed))
+
+    def train_step(self, batches: Any) -> int:
+        """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal."""
+        c, w = self.c, self.window
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        for micro in range(c.grad_accum):
+            waited = time.perf_counter()
+            x, y = next(batches)
+            w["data_wait"] += time.perf_counter() - waited
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            # Only sync gradients at the last micro-step: earlier ones accumulate locally.
+            last = micro == c.grad_accum - 1
+            with self.ddp.no_sync() if not last else nullcontext(), autocast(c, self.device):
+                # Scale the loss so the accumulated gradient is the mean over the global batch
+                # (DDP then averages over ranks).
+                loss = F.cross_entropy(self.forward(x), y) / c.grad_accum
+            self.scaler.scale(loss).backward()
+            step_loss += loss.detach().double()
+        nonfinite, signum = self.agree(not bool(torch.isfinite(step_loss)))
+        if nonfinite:
+            if c.on_nonfinite == "stop":
+                raise NonFiniteLoss(
+                    f"non-finite loss at step {self.pos.step + 1} on at least one rank; "
+                    "stopping every rank (on_nonfinite=stop)"
+                )
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            log.warning("step %d: non-finite loss, update skipped on every rank", self.pos.step + 1)
+        else:
+            if c.grad_clip:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradient
+                nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            w["loss"] += torch.stack([step_loss, torch.ones_like(step_loss)])
+        self.scheduler.step()
+        self.pos.step += 1
+        w["samples"] += self.global_batch
+        w["steps"] += 1
+        if self.watchdog:
+            self.watchdog.progress()
+        return signum
+
+    def end_of_step(self, signum: int, steps_this_run: int) -> bool:
+        """Evaluate, save and stop, decided in one place; True when this invocation stops.
+
+        A stop signal defers a due evaluation: the checkpoint marks it pending and the resumed
+        run does it first. ``stop_after`` lets it run, so the stop loses nothing.
+        """
+        c, step = self.c, self.pos.step
+        eval_due = (
+            self.pos.eval_pending
+            or step == self.total_steps
+            or step % self.sampler.steps_per_epoch == 0
+            or bool(c.eval_every and step % c.eval_every == 0)
+        )
+        stop_after = bool(c.stop_after) and steps_this_run >= c.stop_after
+        stop_after = stop_after and step < self.total_steps
+        if not (eval_due or signum or stop_after or (c.ckpt_every and step % c.ckpt_every == 0)):
+            return False
+        is_best, interrupted = False, bool(signum)
+        if eval_due and not interrupted:
+            is_best, interrupted = self.evaluate_and_record()
+        self.pos.eval_pending = eval_due and interrupted
+        signum = self.save(is_best)  # every rank learns here of a stop requested anywhere
+        if signum:
+            self.stopped_by = signum
+        return bool(signum) or stop_after
 
     def fit(self) -> dict[str, Any]:
         with self.stop:
@@ -338,121 +401,32 @@ class Trainer:
                 self.total_steps,
             )
         # Created after every rank has passed DDP's construction; updated by rank 0 only.
-        bar = tqdm(
-            total=self.total_steps,
-            initial=pos.step,
-            disable=not (c.progress and ctx.is_main),
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            leave=False,
-        )
-        steps_this_run, stop_signal = 0, None
-        window = self.new_window()
+        bar = tqdm(total=self.total_steps, initial=pos.step, desc="train", unit="step",
+                   disable=not (c.progress and ctx.is_main), dynamic_ncols=True,
+                   leave=False)  # fmt: skip
         self.ddp.train()
-        while pos.step < self.total_steps and stop_signal is None:
-            self.sampler.set_epoch(pos.epoch)  # a new shuffle each epoch, the same on every rank
-            self.sampler.set_start(pos.samples_in_epoch)
-            loader_seed = c.seed * 100_003 + pos.epoch * 1009 + ctx.rank
-            loader = make_loader(
-                self.train_set,
-                self.sampler,
-                self.batch_size,
-                c,
-                self.device.type == "cuda",
-                loader_seed,
-            )
-            batches = iter(loader)
-            epoch_end = (pos.epoch + 1) * self.sampler.steps_per_epoch
-            # The epoch's (or the run's) last step is evaluated and saved after this loop.
-            last_step = min(epoch_end, self.total_steps)
-            while pos.step < last_step:
-                step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-                for micro in range(c.grad_accum):
-                    waited = time.perf_counter()
-                    x, y = next(batches)
-                    window["data_wait"] += time.perf_counter() - waited
-                    x, y = (
-                        x.to(self.device, non_blocking=True),
-                        y.to(self.device, non_blocking=True),
-                    )
-                    # Only sync gradients at the last micro-step: earlier ones accumulate locally.
-                    last = micro == c.grad_accum - 1
-                    with (
-                        self.ddp.no_sync() if not last else nullcontext(),
-                        autocast(c, self.device),
-                    ):
-                        # Scale the loss so the accumulated gradient is the mean over the
-                        # global batch (DDP then averages over ranks).
-                        loss = F.cross_entropy(self.forward(x), y) / c.grad_accum
-                    self.scaler.scale(loss).backward()
-                    step_loss += loss.detach().double()
-                # One small collective per step: every rank learns whether any rank saw a
-                # non-finite loss or was asked to stop, so all take the same branch.
-                nonfinite, stopping = agree_any(
-                    not bool(torch.isfinite(step_loss)),
-                    self.stop.signal is not None,
-                    device=self.device,
-                )
-                if nonfinite:
-                    if c.on_nonfinite == "stop":
-                        raise NonFiniteLoss(
-                            f"non-finite loss at step {pos.step + 1} on at least one rank; "
-                            "stopping every rank (on_nonfinite=stop)"
-                        )
-                    self.skipped_steps += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    log.warning(
-                        "step %d: non-finite loss, update skipped on every rank", pos.step + 1
-                    )
-                else:
-                    if c.grad_clip:
-                        self.scaler.unscale_(self.optimizer)  # clip the true gradient
-                        nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-                    self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
-                    self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    window["loss"] += torch.stack([step_loss, torch.ones_like(step_loss)])
-                self.scheduler.step()
-                pos.step += 1
-                pos.samples_in_epoch += self.global_batch
-                steps_this_run += 1
-                window["samples"] += self.global_batch
-                window["steps"] += 1
-                bar.update(1)
-                if self.watchdog:
-                    self.watchdog.progress()
-                if stopping:
-                    stop_signal = self.stop.signal or signal.SIGTERM
-                    break
-                if c.stop_after and steps_this_run >= c.stop_after:
-                    stop_signal = -1
-                    break
-                if c.eval_every and pos.step % c.eval_every == 0 and pos.step < last_step:
-                    is_best = self.evaluate_and_record(window)
-                    window = self.new_window()
-                    self.save(is_best)
-                elif c.ckpt_every and pos.step % c.ckpt_every == 0 and pos.step < last_step:
-                    self.save()
-            del batches, loader
-            if stop_signal is not None:
-                break
-            if pos.step == epoch_end:
-                pos.epoch += 1
-                pos.samples_in_epoch = 0
-            # End of an epoch or of max_steps: evaluate, then save what was evaluated.
-            is_best = self.evaluate_and_record(window)
-            window = self.new_window()
-            self.save(is_best)
+        # A stop interrupted the evaluation due at this step: it runs first.
+        stopping = pos.eval_pending and self.end_of_step(0, 0)
+        steps_this_run, batches = 0, None
+        while pos.step < self.total_steps and not stopping:
+            if batches is None:  # the epoch (or this invocation) starts
+                batches = self.epoch_batches()
+            signum = self.train_step(batches)
+            steps_this_run += 1
+            bar.update(1)
+            if pos.step % self.sampler.steps_per_epoch == 0:
+                batches = None  # the epoch is over: its loader and workers go
+            stopping = self.end_of_step(signum, steps_this_run)
+        del batches
         bar.close()
-        if stop_signal is not None:
-            self.save()
-            why = "stop_after reached" if stop_signal == -1 else signal.Signals(stop_signal).name
+        if stopping:
+            why = signal.Signals(self.stopped_by).name if self.stopped_by else "stop_after reached"
             log.info("stopped at step %d (%s); checkpoint saved, rerun to resume", pos.step, why)
         return {
             "step": pos.step,
-            "epoch": pos.epoch,
-            "stopped_by": stop_signal,
+            "epoch": self.epoch,
+            "stopped_by": self.stopped_by,
+            "stopped": stopping,
             "skipped_steps": self.skipped_steps,
             "metrics": pos.metrics,
         }

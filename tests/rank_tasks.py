@@ -140,3 +140,24 @@ def autocast_dtypes_seen(out: str, **overrides) -> set:
     last_layer.register_forward_hook(lambda module, args, output: seen.add(output.dtype))
     trainer.fit()
     return seen
+
+
+def fit_signalled_during_save(out: str, save_step: int, **overrides) -> dict:
+    """``fit``, with rank 0 sent SIGTERM while it writes the checkpoint of ``save_step``."""
+    import os
+    import signal
+
+    from refddp import checkpoint
+
+    write = checkpoint.write_checkpoint
+
+    def write_while_signalled(state, out_dir, is_best):
+        if state["step"] == save_step:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands in the middle of the save
+        return write(state, out_dir, is_best)
+
+    checkpoint.write_checkpoint = write_while_signalled
+    try:
+        return fit(out, **overrides)["result"]
+    finally:
+        checkpoint.write_checkpoint = write

@@ -1,6 +1,7 @@
 """User code the tests name as ``package.module:callable``, as a real project would."""
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -126,3 +127,26 @@ def datasets_missing_on_rank_1(config):
     if dist.is_initialized() and dist.get_rank() == 1:
         raise ConfigError("data: file not found: /node-local/train.pt")
     return synthetic(config)
+
+
+class SlowValDataset(torch.utils.data.Dataset):
+    """While ``$REFDDP_TEST_SLOW_EVAL`` names a directory, each item takes 50 ms and the first
+    one served leaves ``evaluating`` there: an evaluation long enough to be signalled during."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        slow = os.environ.get("REFDDP_TEST_SLOW_EVAL")
+        if slow:
+            open(os.path.join(slow, "evaluating"), "a").close()
+            time.sleep(0.05)  # the slowness under test, not synchronisation
+        return self.base[index]
+
+
+def slow_eval_datasets(config):
+    train, val = synthetic(config)
+    return train, SlowValDataset(val)

@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import yaml
 
 import refddp
 from refddp.dist import loopback_store
-from tests.cli_runs import start, train_command
+from tests.cli_runs import run_nodes, torchrun_node_command
 
 
 def assert_same_weights(a, b, rtol=0.0, atol=0.0):
@@ -121,21 +120,11 @@ def test_two_nodes_with_plain_torchrun_on_loopback(tmp_path, tiny, spawn):
     # taken in between by any other socket on the machine, and then both nodes hang.
     rendezvous = loopback_store()
     out = tmp_path / "two-nodes"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{rendezvous.port}", "--rdzv-conf", "is_host=false",
-                "--rdzv-id", "t", "--local-addr", "127.0.0.1"]  # fmt: skip
-    command = torchrun + train_command(out, **tiny)[1:]  # `-m refddp.train ...` after torchrun's
-    nodes = [start(command) for _ in range(2)]
+    command = torchrun_node_command(rendezvous.port, 2, out, **tiny)
     try:
-        logs = ["".join(node.communicate(timeout=240)) for node in nodes]
-    except subprocess.TimeoutExpired:  # the logs are the diagnosis
-        for node in nodes:
-            node.kill()
-        pytest.fail("two-node job hung:\n" + "\n".join("".join(n.communicate()) for n in nodes))
-    finally:  # no node outlives the test
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+        nodes = run_nodes([command, command])
+    except subprocess.TimeoutExpired as exc:  # the logs are the diagnosis
+        pytest.fail(f"two-node job hung:\n{exc.output}")
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log for _, log in nodes)
     ckpt = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
     assert ckpt["world_size"] == 2 and ckpt["step"] == 12

@@ -1,0 +1,220 @@
+"""Resume continues the same run or refuses in one line; stops lose nothing (real CLI)."""
+
+import json
+import signal
+import time
+
+import pytest
+import torch
+import yaml
+
+from refddp.dist import loopback_store
+from tests.cli_runs import run, run_nodes, start, torchrun_node_command, train_command
+from tests.rank_tasks import fit_signalled_during_save
+
+
+def assert_same_weights(a, b, rtol=0.0, atol=0.0):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=key)
+
+
+def history(out):
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+def evaluations(out):
+    """What an evaluation record states about the run (not how fast this invocation ran)."""
+    keys = ("epoch", "step", "train_loss", "val_loss", "val_acc")
+    return [{k: h[k] for k in keys} for h in history(out)]
+
+
+def only_error_line(stderr):
+    """The single ``error:`` line of a usage error, which must come before any rank starts."""
+    assert "training mlp" not in stderr, "a rank started"
+    errors = [line for line in stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), stderr
+    return errors[0]
+
+
+def without_batch_size(flags):
+    """A rerun's flags: an explicit --batch-size would fix the per-rank batch, not the run's."""
+    return {k: v for k, v in flags.items() if k != "batch_size"}
+
+
+def test_resume_at_another_world_size_and_accumulation_keeps_the_global_batch(run_cli, tiny):
+    straight = run_cli("--nproc", 1, out="straight", **tiny)  # global batch 8: 24 steps
+    run_cli("--nproc", 1, "--stop-after", 6, out="hop", **tiny)
+    run_cli("--nproc", 2, "--stop-after", 6, out="hop", **without_batch_size(tiny))
+    last = run_cli("--nproc", 2, "--grad-accum", 2, out="hop", **without_batch_size(tiny))
+    assert "global batch 8 (2 per rank x 2 accumulation)" in last.stderr
+    state = last.checkpoint()
+    assert (state["step"], state["global_batch"], state["world_size"]) == (24, 8, 2)
+    # The same samples in every step: equal up to float64 reduction order.
+    assert_same_weights(last.weights(), straight.weights(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--nproc", 2, "--batch-size", 8], "= global batch 16, but the run being resumed"),
+        (["--nproc", 3], "global batch 8 does not divide by 3 rank(s) x grad_accum 1"),
+        (["--global-batch-size", 16], "global_batch_size: 16 would change the global batch"),
+        (["--optimizer", "sgd"], "optimizer: the run being resumed from"),
+        (["--depth", 3], "depth: the run being resumed from"),
+        (["--seed", 3], "seed: the run being resumed from"),
+    ],
+    ids=["batch_size", "indivisible", "global_batch_size", "optimizer", "model", "seed"],
+)
+def test_a_resume_that_would_change_the_run_is_refused_in_one_line(run_cli, tiny, flags, says):
+    run_cli("--nproc", 1, "--stop-after", 6, **tiny)
+    refused = run_cli(*flags, check=False, **without_batch_size(tiny))
+    assert refused.returncode == 2
+    line = only_error_line(refused.stderr)
+    assert says in line
+    if "global batch 16" in says:
+        assert "has global batch 8" in line  # both values named
+
+
+def test_lr_and_weight_decay_changed_on_resume_are_applied_and_recorded(run_cli, tiny):
+    flags = {**tiny, "lr_schedule": "constant"}
+    run_cli("--stop-after", 5, lr=0.01, **flags)
+    resumed = run_cli(lr=0.002, weight_decay=0.1, **flags)
+    groups = resumed.checkpoint()["optimizer_state_dict"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(0.002, 0.1)] * len(groups)
+    assert resumed.checkpoint()["scheduler_state_dict"]["base_lrs"] == [0.002] * len(groups)
+    saved = yaml.safe_load((resumed.out / "config.yaml").read_text())
+    assert (saved["lr"], saved["weight_decay"]) == (0.002, 0.1)
+
+
+@pytest.mark.parametrize("stop_after", [12, 24], ids=["epoch-end", "last-step"])
+def test_a_stop_at_an_epoch_end_or_the_last_step_loses_no_evaluation(run_cli, tiny, stop_after):
+    straight = run_cli(out="straight", **tiny)  # 12 steps per epoch, 24 in all
+    run_cli("--stop-after", stop_after, out="run", **tiny)
+    resumed = run_cli(out="run", **tiny)
+    assert evaluations(resumed.out) == evaluations(straight.out)
+    assert all(h["samples_per_s"] > 0 for h in history(resumed.out))
+    assert resumed.checkpoint(BEST)["step"] == straight.checkpoint(BEST)["step"]
+    assert_same_weights(resumed.weights(BEST), straight.weights(BEST))
+
+
+BEST = "checkpoint_best.pth"
+
+
+def test_init_from_starts_a_new_run_from_the_weights_only(run_cli, tiny):
+    first = run_cli(out="first", **tiny)
+    source = first.out / "checkpoints" / "checkpoint_latest.pth"
+    fresh = run_cli(out="fresh", **tiny)
+    tuned = run_cli("--init-from", source, out="tuned", **tiny)
+    assert "initialised from the weights of" in tuned.stderr and "resumed" not in tuned.stderr
+    state = tuned.checkpoint()
+    assert state["step"] == 24, "a new position"
+    adam_steps = {int(s["step"]) for s in state["optimizer_state_dict"]["state"].values()}
+    assert adam_steps == {24}, "a fresh optimizer"
+    with pytest.raises(AssertionError):
+        assert_same_weights(tuned.weights(), fresh.weights())
+
+
+def test_init_from_a_checkpoint_of_another_model_is_refused_before_any_rank(run_cli, tiny):
+    source = run_cli(out="first", **{**tiny, "hidden_size": 32}).out / "checkpoints"
+    refused = run_cli("--init-from", source / "checkpoint_latest.pth", check=False, **tiny)
+    assert refused.returncode == 2
+    assert "does not fit this model" in only_error_line(refused.stderr)
+
+
+def test_two_nodes_with_node_local_out_resume_from_the_same_state(tmp_path, tiny, spawn):
+    # Only rank 0 writes checkpoints, so only node A's --out has one when the job reruns.
+    outs = [tmp_path / "node-a", tmp_path / "node-b"]
+    for extra in (["--stop-after", 5], []):
+        rendezvous = loopback_store()
+        commands = [torchrun_node_command(rendezvous.port, 2, out, *extra, **tiny) for out in outs]
+        nodes = run_nodes(commands)
+        assert [code for code, _ in nodes] == [0, 0], "\n".join(log for _, log in nodes)
+    assert not (outs[1] / "checkpoints").exists()
+    resumed = torch.load(outs[0] / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
+    straight = run(train_command(tmp_path / "straight", "--nproc", 2, **tiny))
+    assert straight.returncode == 0, straight.stderr
+    expected = torch.load(tmp_path / "straight" / "checkpoints" / "checkpoint_latest.pth",
+                          weights_only=True)  # fmt: skip
+    assert resumed["step"] == expected["step"] == 12
+    assert_same_weights(resumed["model_state_dict"], expected["model_state_dict"])
+
+
+def test_ranks_that_find_different_checkpoints_stop_in_one_line(tmp_path, tiny, spawn):
+    outs = [tmp_path / "node-a", tmp_path / "node-b"]
+    rendezvous = loopback_store()  # node B starts first: rank 0, so its --out gets the checkpoint
+    nodes = run_nodes([torchrun_node_command(rendezvous.port, 2, out, "--stop-after", 5, **tiny)
+                       for out in reversed(outs)])  # fmt: skip
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(log for _, log in nodes)
+    rendezvous = loopback_store()  # now node A is rank 0 and finds nothing
+    nodes = run_nodes([torchrun_node_command(rendezvous.port, 2, out, **tiny) for out in outs])
+    assert all(code != 0 for code, _ in nodes)
+    said = nodes[0][1]
+    assert f"rank 0: none in {outs[0]}; rank 1: step 5 in {outs[1]}" in said, said
+    assert not (outs[0] / "checkpoints").exists(), "nothing was trained from scratch"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_during_a_long_evaluation_stops_promptly_and_the_rerun_evaluates(
+    tmp_path, tiny, spawn, nproc
+):
+    flags = {**tiny, "data": "tests.user_code:slow_eval_datasets", "val_size": 2000}
+    out, marker = tmp_path / "run", tmp_path / "evaluating"
+    # 2000 validation items at 50 ms: an evaluation of 100 s / nproc, far past the 30 s the
+    # launcher grants ranks after a signal.
+    proc = start(train_command(out, "--nproc", nproc, **flags),
+                 env={"REFDDP_TEST_SLOW_EVAL": str(tmp_path)})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no evaluation started"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 20, f"the evaluation must not run to its end:\n{stderr}"
+    assert proc.returncode == 143, stderr
+    state = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
+    assert (state["step"], state["eval_pending"]) == (24 // nproc // 2, True), stderr
+    assert f"stopped at step {state['step']} (SIGTERM)" in stderr
+    assert not (out / "history.jsonl").exists() or not history(out)
+
+    rerun = run(train_command(out, "--nproc", nproc, **flags))
+    straight = run(train_command(tmp_path / "straight", "--nproc", nproc, **flags))
+    assert rerun.returncode == straight.returncode == 0, rerun.stderr + straight.stderr
+    assert evaluations(out) == evaluations(tmp_path / "straight")
+    best = [torch.load(d / "checkpoints" / BEST, weights_only=True)["step"]
+            for d in (out, tmp_path / "straight")]  # fmt: skip
+    assert best[0] == best[1]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_one_process_stopped_by_a_signal_exits_128_plus_n_and_says_stopped(
+    tmp_path, tiny, spawn, sig, code
+):
+    out = tmp_path / "run"
+    proc = start(train_command(out, "--nproc", 1, "--ckpt-every", 50,
+                               **{**tiny, "epochs": 400}))  # fmt: skip
+    try:
+        latest = out / "checkpoints" / "checkpoint_latest.pth"
+        deadline = time.monotonic() + 120
+        while not latest.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr
+    step = torch.load(latest, weights_only=True)["step"]
+    assert f"stopped at step {step} ({sig.name})" in stderr
+    assert f"stopped: step {step}" in stderr and "done:" not in stderr
+
+
+def test_a_stop_requested_during_a_save_ends_the_run_at_that_save(spawn, tmp_path):
+    results = spawn(fit_signalled_during_save, str(tmp_path), save_step=4, ckpt_every=4)
+    assert [(r["step"], r["stopped_by"]) for r in results] == [(4, signal.SIGTERM)] * 2
+    latest = torch.load(tmp_path / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
+    assert latest["step"] == 4
