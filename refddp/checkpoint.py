@@ -351,15 +351,15 @@ def load_model_weights(model: nn.Module, state: dict[str, Any], path: str) -> No
 APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
 ON_RESUME = {
     **dict.fromkeys(
-        "model data train_size val_size input_dim num_classes hidden_size depth optimizer amp "
-        "dtype seed".split(),
+        "model data train_size val_size input_dim num_classes hidden_size depth dropout "
+        "augment sync_bn optimizer amp dtype seed".split(),
         REFUSED,
     ),
     **dict.fromkeys(["batch_size", "global_batch_size"], DERIVED),
     **dict.fromkeys(
         "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
         "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite timeout".split(),
+        "eval_every on_nonfinite timeout strategy".split(),
         APPLIED,
     ),
 }
@@ -379,9 +379,14 @@ class Position:
 
 
 class RunParts(NamedTuple):
-    """The stateful objects a training checkpoint saves and restores."""
+    """The stateful objects a training checkpoint saves and restores.
 
-    model: nn.Module
+    ``parallel`` (a ``refddp.parallel.Parallel``) holds the model: it gives and takes the full
+    model and optimizer state in one layout, whether the model is replicated (DDP) or sharded
+    (FSDP), so a checkpoint moves between strategies and world sizes.
+    """
+
+    parallel: Any
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
@@ -460,8 +465,8 @@ def build_state(
     epoch, done = divmod(pos.step, steps_per_epoch)
     return {
         "format_version": FORMAT_VERSION,
-        "model_state_dict": unwrap(parts.model).state_dict(),
-        "optimizer_state_dict": parts.optimizer.state_dict(),
+        "model_state_dict": parts.parallel.model_state_dict(),
+        "optimizer_state_dict": parts.parallel.optimizer_state_dict(parts.optimizer),
         "scheduler_state_dict": parts.scheduler.state_dict(),
         "scaler_state_dict": parts.scaler.state_dict(),
         "epoch": epoch,
@@ -504,8 +509,10 @@ def restore(
             f"{state.get('samples_in_epoch', 0)} samples of {steps_per_epoch} steps each: "
             "the training set changed; resume with the same data"
         )
-    load_model_weights(parts.model, state, path)
-    parts.optimizer.load_state_dict(state["optimizer_state_dict"])
+    check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
+    parts.parallel.load_state(
+        clean_state_dict(state["model_state_dict"]), parts.optimizer, state["optimizer_state_dict"]
+    )
     if state.get("scheduler_state_dict"):
         parts.scheduler.load_state_dict(state["scheduler_state_dict"])
     _apply_hyperparameters(parts, c)

@@ -307,6 +307,13 @@ def validate(c: TrainConfig) -> None:
         raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
     if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
         raise ConfigError("epochs: must be >= 1 unless max_steps is set")
+    if c.strategy == "fsdp" and c.amp == "fp16":
+        raise ConfigError(
+            "amp: fp16 needs a gradient scaler for sharded gradients; use --amp bf16 (or off) "
+            "with --strategy fsdp"
+        )
+    if c.strategy == "fsdp" and c.sync_bn:
+        raise ConfigError("sync_bn: not supported with --strategy fsdp yet; use --strategy ddp")
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not c.resume.endswith((".pt", ".pth")):

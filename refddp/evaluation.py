@@ -23,6 +23,7 @@ from refddp.config import TrainConfig
 from refddp.data import ShardSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
 from refddp.models import build_model
+from refddp.parallel import runs_in_lockstep
 
 
 def autocast(c: TrainConfig, device: torch.device) -> Any:
@@ -47,18 +48,35 @@ def evaluate(
     """
     device = torch.device(ctx.device)
     model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
+    lockstep = runs_in_lockstep(model)  # FSDP: each forward gathers parameters from every rank
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, correct, count, stop
     sampler = ShardSampler(len(dataset), ctx.world_size, ctx.rank)
     loader = make_loader(dataset, sampler, c.batch_size, c, device.type == "cuda", c.seed)
-    for x, y in loader:
-        if stop is not None and stop():
+    # In lockstep every rank runs as many forwards as the longest shard (rank 0's) needs; a
+    # rank past its shard's end repeats its last batch and counts nothing.
+    forwards = -(-len(range(0, len(dataset), ctx.world_size)) // c.batch_size)
+    batches, filler, done = iter(loader), None, 0
+    while not lockstep or done < forwards:
+        batch = next(batches, None)
+        if batch is None and not lockstep:
+            break
+        done += 1
+        stopping = stop is not None and stop()
+        if lockstep:  # every rank must leave the loop at the same forward
+            stopping = bool(_any_rank(stopping, device))
+        if stopping:
             sums[3] = 1
             break
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        counted = batch is not None
+        batch = batch if counted else filler or _first_item_batch(dataset)
+        filler = batch
+        x, y = (t.to(device, non_blocking=True) for t in batch)
         with autocast(c, device):
             logits = model(x)
+        if not counted:
+            continue
         # Half-precision (AMP) logits are upcast for the loss; float64 ones stay float64.
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
@@ -77,6 +95,18 @@ def evaluate(
         "num_samples": int(count),
         "interrupted": False,
     }
+
+
+def _any_rank(flag: bool, device: torch.device) -> float:
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def _first_item_batch(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-sample batch for a rank whose shard is empty (lockstep forwards only)."""
+    x, y = dataset[0]
+    return torch.as_tensor(x).unsqueeze(0), torch.as_tensor(y).unsqueeze(0)
 
 
 def load_for_inference(c: TrainConfig, ctx: DistContext) -> tuple[nn.Module, str]:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from refddp.config import ConfigError, TrainConfig
+from refddp.config import TrainConfig
 from refddp.dist import DistContext
 
 STRATEGIES = ("ddp", "fsdp")
@@ -81,6 +81,11 @@ class Parallel:
         if optimizer is not None and optimizer_state is not None:
             optimizer.load_state_dict(optimizer_state)
 
+    @property
+    def gradient_all_reduces(self) -> int:
+        """Gradient buckets all-reduced so far: one per bucket per synchronised step."""
+        return self._flags.all_reduces
+
     def local_numel(self) -> int:
         """Parameter elements this rank stores."""
         return sum(p.numel() for p in self.model.parameters())
@@ -93,6 +98,7 @@ class _FlagHook:
         self.device = device
         self.local: torch.Tensor | None = None
         self.agreed: torch.Tensor | None = None
+        self.all_reduces = 0  # gradient buckets all-reduced so far (what no_sync saves)
 
 
 def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
@@ -104,6 +110,7 @@ def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
     The last bucket of the step also carries ``state.local``, summed, into ``state.agreed``.
     """
     world = dist.get_world_size()
+    state.all_reduces += 1
     grads = bucket.buffer().div_(world)
     if state.local is None or not bucket.is_last():
         fut = dist.all_reduce(grads, async_op=True).get_future()
@@ -144,6 +151,10 @@ class FullyShardedParallel(Parallel):
         device = torch.device(ctx.device)
         # Never the default mesh: it picks the accelerator's device type even on a gloo group.
         mesh = init_device_mesh(device.type, (ctx.world_size,))
+        # As DDP does at construction: every rank starts from rank 0's parameters and buffers
+        # (init_from weights are read by rank 0 only).
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
         policy = MixedPrecisionPolicy()
         if c.amp == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -211,6 +222,14 @@ class FullyShardedParallel(Parallel):
         )
 
 
+def runs_in_lockstep(model: nn.Module) -> bool:
+    """True when every forward is a collective (FSDP gathers parameters): ranks must then run
+    the same number of forwards, even over shards of different lengths."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
     """The sub-modules that each become an FSDP unit (gathered one at a time in forward).
 
@@ -249,15 +268,6 @@ def _indices_to_names(state: dict[str, Any], model: nn.Module) -> dict[str, Any]
     names = [name for name, _ in model.named_parameters()]
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     return {"state": {names[int(i)]: s for i, s in state["state"].items()}, "param_groups": groups}
-
-
-def check_strategy(c: TrainConfig) -> None:
-    """Combinations refused before any rank starts."""
-    if c.strategy == "fsdp" and c.amp == "fp16":
-        raise ConfigError(
-            "amp: fp16 needs a gradient scaler that FSDP's sharded gradients do not have here; "
-            "use --amp bf16 (or off) with --strategy fsdp"
-        )
 
 
 def build_parallel(model: nn.Module, c: TrainConfig, ctx: DistContext) -> Parallel:

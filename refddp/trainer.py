@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
@@ -31,6 +30,7 @@ from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
 from refddp.evaluation import autocast, evaluate
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
+from refddp.parallel import build_parallel
 from refddp.sync_batchnorm import convert_sync_batchnorm
 
 log = logging.getLogger("refddp")
@@ -146,12 +146,18 @@ class Trainer:
             )
         epoch_steps = c.epochs * self.sampler.steps_per_epoch
         self.total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
-        self.optimizer = build_optimizer(self.model, c)
+        if c.init_from:  # weights only, read by rank 0: the wrapper below gives them to all
+            rank0_then_meet(lambda: ckpt.load_model_weights(
+                self.model, ckpt.load_checkpoint(c.init_from), c.init_from))  # fmt: skip
+        # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
+        self.parallel = build_parallel(self.model, c, ctx)
+        self.forward = self.parallel.module
+        self.optimizer = build_optimizer(self.model, c)  # after FSDP turned params into shards
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(c, self.total_steps)
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
-        self.parts = ckpt.RunParts(self.model, self.optimizer, self.scheduler, self.scaler)
+        self.parts = ckpt.RunParts(self.parallel, self.optimizer, self.scheduler, self.scaler)
         self.pos = ckpt.Position()
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
@@ -160,14 +166,6 @@ class Trainer:
         self.window = self.new_window(self.pos.window)
         if self.resumed_from:
             rank0_then_meet(lambda: truncate_history(c.out, self.pos.step))
-        # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
-        self.ddp = DDP(
-            self.model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            find_unused_parameters=c.find_unused_parameters,
-            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
-        )
-        self.forward = torch.compile(self.ddp) if c.compile else self.ddp
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -191,9 +189,7 @@ class Trainer:
         if found[0] is not None and ctx.world_size > 1:
             dist.broadcast_object_list(shared, src=0)
         if shared[0] is None:
-            if c.init_from:  # weights only; DDP then broadcasts rank 0's to every rank
-                rank0_then_meet(lambda: ckpt.load_model_weights(
-                    self.model, ckpt.load_checkpoint(c.init_from), c.init_from))  # fmt: skip
+            if c.init_from:
                 log.info("initialised from the weights of %s", c.init_from)
             return None
         path, state = shared[0]
@@ -222,7 +218,7 @@ class Trainer:
         rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
         if self.watchdog:
             self.watchdog.progress()
-        return self.agree()[1]
+        return self.agree(self.local_flags())[1]
 
     @property
     def model_has_buffers(self) -> bool:
@@ -293,13 +289,22 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def agree(self, nonfinite: bool = False) -> tuple[bool, int]:
+    def local_flags(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync)."""
+        flags = torch.zeros(3, device=self.device)
+        if step_loss is not None:
+            flags[0] = (~torch.isfinite(step_loss)).float()
+        if self.stop.signal is not None:
+            flags[1 if self.stop.signal == signal.SIGTERM else 2] = 1.0
+        return flags
+
+    def agree(self, flags: torch.Tensor) -> tuple[bool, int]:
         """Every rank learns whether any rank saw a non-finite loss, and the stop signal any
-        rank received (0: none), so all take the same branch. One small all-reduce."""
-        flags = torch.tensor([float(nonfinite), float(self.stop.signal or 0)], device=self.device)
-        if self.ctx.world_size > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), int(flags[1])
+        rank received (0: none), so all take the same branch. During a step the flags ride the
+        gradient all-reduce (``Parallel.set_flags``); elsewhere this is one small all-reduce.
+        Reading them is the step's one host sync: skip or step must be known before stepping."""
+        nonfinite, sigterm, sigint = self.parallel.agree(flags).tolist()
+        return bool(nonfinite), signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
 
     def epoch_batches(self) -> Any:
         """This epoch's batches from the current position on (a resume starts mid-epoch)."""
@@ -321,13 +326,16 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             # Only sync gradients at the last micro-step: earlier ones accumulate locally.
             last = micro == c.grad_accum - 1
-            with self.ddp.no_sync() if not last else nullcontext(), autocast(c, self.device):
+            with self.parallel.no_sync() if not last else nullcontext(), autocast(c, self.device):
                 # Scale the loss so the accumulated gradient is the mean over the global batch
                 # (DDP then averages over ranks).
                 loss = F.cross_entropy(self.forward(x), y) / c.grad_accum
-            self.scaler.scale(loss).backward()
             step_loss += loss.detach().double()
-        nonfinite, signum = self.agree(not bool(torch.isfinite(step_loss)))
+            if last:  # the flags travel with this backward's gradient all-reduce: no extra one
+                flags = self.local_flags(step_loss)
+                self.parallel.set_flags(flags)
+            self.scaler.scale(loss).backward()
+        nonfinite, signum = self.agree(flags)
         if nonfinite:
             if c.on_nonfinite == "stop":
                 raise NonFiniteLoss(
@@ -340,7 +348,7 @@ class Trainer:
         else:
             if c.grad_clip:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradient
-                nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                self.parallel.clip_grad_norm_(c.grad_clip)
             self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -404,7 +412,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=pos.step, desc="train", unit="step",
                    disable=not (c.progress and ctx.is_main), dynamic_ncols=True,
                    leave=False)  # fmt: skip
-        self.ddp.train()
+        self.model.train()
         # A stop interrupted the evaluation due at this step: it runs first.
         stopping = pos.eval_pending and self.end_of_step(0, 0)
         steps_this_run, batches = 0, None

@@ -113,23 +113,14 @@ def first_update_norm(out: str, **overrides) -> float:
 
 
 def count_gradient_all_reduces(out: str, **overrides) -> dict:
-    """Train with a DDP comm hook that counts the gradient buckets DDP all-reduces.
+    """Train, counting the gradient buckets DDP all-reduces.
 
-    DDP's bucket all-reduce is issued in C++ (``record_collectives`` cannot see it); a comm hook
-    is called once per bucket all-reduce, so it counts them. The hook does what DDP's default
-    does: average the bucket over ranks.
+    DDP's bucket all-reduce is issued in C++ (``record_collectives`` cannot see it); refddp's
+    comm hook (``refddp.parallel``) runs once per bucket all-reduce and counts them.
     """
     trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
-    calls = []
-
-    def counting_allreduce(group, bucket):
-        calls.append(bucket.index())
-        averaged = bucket.buffer().div_(dist.get_world_size())
-        return group.allreduce([averaged]).get_future().then(lambda fut: fut.value()[0])
-
-    trainer.ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
     result = trainer.fit()
-    return {"all_reduces": len(calls), "steps": result["step"]}
+    return {"all_reduces": trainer.parallel.gradient_all_reduces, "steps": result["step"]}
 
 
 def autocast_dtypes_seen(out: str, **overrides) -> set:
