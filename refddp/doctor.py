@@ -122,6 +122,30 @@ def _shard_report(c: TrainConfig) -> dict[str, Any]:
     }
 
 
+def _model_report(c: TrainConfig, ctx: Any) -> dict[str, Any]:
+    """The model under ``c.strategy``: what each rank stores (FSDP: its shard)."""
+    from refddp.models import build_model
+    from refddp.parallel import build_parallel
+
+    model = build_model(c).to(ctx.device)
+    total = sum(p.numel() for p in model.parameters())
+    parallel = build_parallel(model, c, ctx)
+    local = torch.tensor([parallel.local_numel()], dtype=torch.float64)
+    everyone = [torch.zeros_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(everyone, local)
+    per_rank = [int(t.item()) for t in everyone]
+    element = next(model.parameters()).element_size()
+    # parameters + gradients + optimizer state (AdamW: two moments; SGD: one momentum buffer)
+    copies = 2 + (2 if c.optimizer == "adamw" else 1)
+    return {
+        "model": c.model,
+        "strategy": c.strategy,
+        "parameters": total,
+        "parameters_per_rank": per_rank,
+        "state_mb_per_rank": [n * element * copies / 2**20 for n in per_rank],
+    }
+
+
 def roll_call(timeout_s: float) -> None:
     """Every rank reports in; the ranks that do not arrive within ``timeout_s`` are named.
 
@@ -152,6 +176,7 @@ def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, A
     timings = _allreduce_timings(device, repeats)
     shards = _shard_report(c)
     problems += shards["problems"]
+    model = _model_report(c, ctx)
     hosts = {r["host"] for r in reports}
     if c.device != "cpu" and torch.cuda.is_available():
         devices = [(r["host"], r["device"]) for r in reports]
@@ -165,6 +190,7 @@ def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, A
         "ranks": reports,
         "all_reduce": timings,
         "shards": shards,
+        "model": model,
         "problems": problems,
     }
     teardown()
@@ -204,6 +230,18 @@ def format_table(result: dict[str, Any]) -> str:
         f"{s['train_samples_dropped_per_epoch']} dropped per epoch",
         f"        validation per rank: {s['val_samples_per_rank']} (no padding); a plain "
         f"DistributedSampler would pad {s['plain_distributed_sampler_padding']} duplicate(s)",
+    ]
+    m = result["model"]
+    lines += [
+        "",
+        f"model: {m['model']}, {m['parameters']:,} parameters, strategy {m['strategy']}; "
+        "stored per rank (parameters; with gradients and optimizer state):",
+        *(
+            f"  rank {r}: {n:,} ({mb:.2f} MB)"
+            for r, (n, mb) in enumerate(
+                zip(m["parameters_per_rank"], m["state_mb_per_rank"], strict=True)
+            )
+        ),
     ]
     env = result["ranks"][0]["env"]
     lines += ["", "environment (rank 0): " + (", ".join(f"{k}={v}" for k, v in env.items()) or "-")]

@@ -18,4 +18,4 @@ def test_mismatched_dtypes_fail_naming_both_dtypes(spawn):
         spawn(mismatched_dtypes, timeout=60)
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
-    assert "all_reduce((2,):float32)" in report and "all_reduce((2,):float64)" in report
+    assert "all_reduce((2,):float32, SUM)" in report and "all_reduce((2,):float64, SUM)" in report

@@ -100,3 +100,14 @@ def test_the_roll_call_runs_on_a_gloo_side_group_when_the_backend_is_not_gloo(sp
     assert done.returncode == 0, done.stderr
     assert "ValueError" not in done.stderr
     assert json.loads(done.stdout) == []
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_doctor_reports_the_strategy_and_each_ranks_share_of_the_model(spawn, strategy):
+    model = spawn(doctor_check, strategy=strategy, world_size=2)[0]["model"]
+    assert model["strategy"] == strategy
+    total, per_rank = model["parameters"], model["parameters_per_rank"]
+    if strategy == "ddp":
+        assert per_rank == [total, total]  # replicated
+    else:
+        assert sum(per_rank) == total and max(per_rank) - min(per_rank) <= 0.1 * total  # halves

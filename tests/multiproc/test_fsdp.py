@@ -54,6 +54,15 @@ def test_a_run_resumes_across_strategies_and_world_sizes(run_cli, tiny):
     assert_same_weights(last.weights(), straight.weights(), **STEPS_CLOSE)
 
 
+def test_fsdp_starts_from_rank0_weights_like_ddp(run_cli, tiny):
+    # init_from weights are read by rank 0 only: FSDP must hand them to every rank, as DDP does.
+    source = run_cli("--nproc", 1, "--seed", 5, out="source", **tiny)
+    init = str(source.out / "checkpoints" / "checkpoint_latest.pth")
+    ddp = run_cli("--nproc", 2, "--init-from", init, out="ddp", **tiny)
+    fsdp = run_cli("--nproc", 2, "--strategy", "fsdp", "--init-from", init, out="fsdp", **tiny)
+    assert_same_weights(fsdp.weights(), ddp.weights(), **STEPS_CLOSE)
+
+
 def test_fsdp_with_fp16_is_refused_in_one_line(run_cli, tiny):
     flags = {**tiny, "dtype": "float32"}
     run = run_cli("--nproc", 2, "--strategy", "fsdp", "--amp", "fp16", out="x", check=False, **flags)

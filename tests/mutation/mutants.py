@@ -23,7 +23,8 @@ class Mutant:
 
 DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
 CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
-SYNC_BN = "refddp/sync_batchnorm.py"
+SYNC_BN, PARALLEL = "refddp/sync_batchnorm.py", "refddp/parallel.py"
+T_PARALLEL, T_FSDP = "tests/multiproc/test_parallel.py", "tests/multiproc/test_fsdp.py"
 T_DATA = "tests/unit/test_data.py"
 T_CLI = "tests/multiproc/test_cli.py"
 T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
@@ -39,7 +40,7 @@ MUTANTS = (
     ),
     Mutant(
         "trainer-never-sets-epoch", "per-epoch reshuffle", TRAINER,
-        "self.sampler.set_epoch(pos.epoch)", "self.sampler.set_epoch(0)",
+        "self.sampler.set_epoch(self.epoch)", "self.sampler.set_epoch(0)",
         (f"{T_CLI}::test_ranks_see_disjoint_shards_that_cover_the_data_reshuffled_each_epoch",),
     ),
     Mutant(
@@ -74,7 +75,7 @@ MUTANTS = (
     ),
     Mutant(
         "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
-        "self.ddp.no_sync() if not last else nullcontext()", "nullcontext()",
+        "self.parallel.no_sync() if not last else nullcontext()", "nullcontext()",
         (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
          "_accumulation",),
     ),
@@ -89,13 +90,13 @@ MUTANTS = (
     Mutant(
         "no-buffer-sync-before-save", "buffer sync before save", TRAINER,
         "        if self.model_has_buffers:\n            sync_buffers(self.model)\n"
-        "        rng_states",
-        "        rng_states",
+        "        per_rank",
+        "        per_rank",
         (f"{T_TRAINER}::test_after_fit_every_rank_holds_the_saved_parameters_and_buffers",),
     ),
     Mutant(
-        "rng-not-restored", "RNG restore (dropout)", TRAINER,
-        "ckpt.set_rng_state(rng[self.ctx.rank])", "pass",
+        "rng-not-restored", "RNG restore (dropout)", CKPT,
+        "        set_rng_state(rng[rank])", "        pass",
         (f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
          "_bit_identical",),
     ),
@@ -114,22 +115,23 @@ MUTANTS = (
     ),
     Mutant(
         "resume-from-epoch-start", "sampler position", TRAINER,
-        "self.sampler.set_start(pos.samples_in_epoch)", "self.sampler.set_start(0)",
+        "self.sampler.set_start(pos.step % self.sampler.steps_per_epoch * self.global_batch)",
+        "self.sampler.set_start(0)",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "optimizer-not-restored", "optimizer restore", TRAINER,
-        'self.optimizer.load_state_dict(state["optimizer_state_dict"])', "pass",
+        "optimizer-not-restored", "optimizer restore", PARALLEL,
+        "            optimizer.load_state_dict(optimizer_state)", "            pass",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "scheduler-not-restored", "scheduler restore", TRAINER,
-        'self.scheduler.load_state_dict(state["scheduler_state_dict"])', "pass",
+        "scheduler-not-restored", "scheduler restore", CKPT,
+        'parts.scheduler.load_state_dict(state["scheduler_state_dict"])', "pass",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "scaler-not-restored", "scaler restore", TRAINER,
-        'self.scaler.load_state_dict(state["scaler_state_dict"])', "pass",
+        "scaler-not-restored", "scaler restore", CKPT,
+        'parts.scaler.load_state_dict(state["scaler_state_dict"])', "pass",
         (f"{T_TRAINER}::test_fp16_scaler_state_survives_checkpoint_and_resume",),
     ),
     Mutant(
@@ -139,8 +141,8 @@ MUTANTS = (
     ),
     Mutant(
         "ranks-decide-alone", "the per-step agreement (non-finite loss, stop)", TRAINER,
-        "nonfinite, stopping = agree_any(",
-        "nonfinite, stopping = (lambda nonfinite, stopping, device: (nonfinite, stopping))(",
+        "nonfinite, sigterm, sigint = self.parallel.agree(flags).tolist()",
+        "nonfinite, sigterm, sigint = flags.tolist()",
         (f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike",),
     ),
     Mutant(
@@ -149,15 +151,14 @@ MUTANTS = (
         (f"{T_TRAINER}::test_ranks_with_different_dataset_sizes_fail_clearly_not_hang",),
     ),
     Mutant(
-        "ddp-prefixed-keys", "clean checkpoint keys", TRAINER,
-        '"model_state_dict": ckpt.unwrap(self.model).state_dict()',
-        '"model_state_dict": self.ddp.state_dict()',
+        "ddp-prefixed-keys", "clean checkpoint keys", PARALLEL,
+        "        return self.model.state_dict()", "        return self.wrapped.state_dict()",
         (f"{T_TRAINER}::test_ddp_checkpoint_loads_strictly_into_a_plain_model_with_identical"
          "_outputs",),
     ),
     Mutant(
         "write-in-place", "atomic checkpoint writes", CKPT,
-        'tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")',
+        'tmp = os.path.join(directory, _temp_name("." + os.path.basename(path)))',
         "tmp = path",
         ("tests/unit/test_checkpoint_sigkill.py",),
     ),
@@ -214,7 +215,7 @@ MUTANTS = (
     ),
     Mutant(
         "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", COLLECTIVES,
-        "(name if name in _NAME_ONLY else signature)", "name",
+        "shapes=name not in _NAME_ONLY", "shapes=False",
         (f"{T_HARNESS}::test_mismatched_shapes_fail_naming_the_shapes",),
     ),
     Mutant(
@@ -225,7 +226,27 @@ MUTANTS = (
     ),
     Mutant(
         "fingerprint-without-ops", "collective fingerprint: reduce ops", COLLECTIVES,
-        "            parts.append(value.name)", "            pass",
+        'parts.append(_op_name(call["op"]))', "pass",
         (f"{T_HARNESS}::test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing",),
+    ),
+    Mutant(
+        "flags-not-carried", "the per-step agreement costs no extra collective (DDP)", PARALLEL,
+        "if state.local is None or not bucket.is_last():", "if True:",
+        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce",),
+    ),
+    Mutant(
+        "fsdp-syncs-every-micro-batch", "FSDP accumulation without gradient sync", PARALLEL,
+        "    model.set_requires_gradient_sync(False)", "    model.set_requires_gradient_sync(True)",
+        (f"{T_PARALLEL}::test_fsdp_accumulation_skips_the_gradient_reduce_scatter",),
+    ),
+    Mutant(
+        "fsdp-from-own-init", "FSDP ranks start from rank 0's weights (init_from)", PARALLEL,
+        "            dist.broadcast(tensor, src=0)", "            pass",
+        (f"{T_FSDP}::test_fsdp_starts_from_rank0_weights_like_ddp",),
+    ),
+    Mutant(
+        "fsdp-optimizer-by-name", "FSDP checkpoints keep torch's optimizer layout", PARALLEL,
+        "return _names_to_indices(by_name, self.model) if by_name else {}", "return by_name",
+        (f"{T_FSDP}::test_fsdp_checkpoint_is_a_plain_full_dict_a_bare_model_evaluates",),
     ),
 )
