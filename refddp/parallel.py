@@ -30,12 +30,21 @@ STRATEGIES = ("ddp", "fsdp")
 
 
 class Parallel:
-    """The DDP strategy: every rank holds the whole model; gradients are all-reduced."""
+    """The DDP strategy: every rank holds the whole model; gradients are all-reduced.
+
+    One process needs no DDP: the bare model trains (DDP's reducer would only copy gradients
+    into buckets and all-reduce them with nobody), and the flags need no agreement.
+    """
 
     name = "ddp"
 
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
+        self._flags = _FlagHook(torch.device(ctx.device))
+        if ctx.world_size == 1:
+            self.wrapped: nn.Module = model
+            self.module: nn.Module = torch.compile(model) if c.compile else model
+            return
         device = torch.device(ctx.device)
         # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
         self.wrapped = DDP(
@@ -44,12 +53,13 @@ class Parallel:
             find_unused_parameters=c.find_unused_parameters,
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
         )
-        self._flags = _FlagHook(device)
         self.wrapped.register_comm_hook(self._flags, _allreduce_with_flags)
-        self.module: nn.Module = torch.compile(self.wrapped) if c.compile else self.wrapped
+        self.module = torch.compile(self.wrapped) if c.compile else self.wrapped
 
     def no_sync(self) -> contextlib.AbstractContextManager:
-        return self.wrapped.no_sync()
+        if self.ctx.world_size == 1:
+            return contextlib.nullcontext()
+        return self.wrapped.no_sync()  # type: ignore[operator]
 
     def set_flags(self, flags: torch.Tensor) -> None:
         """The flags the next gradient all-reduce carries (set before the last backward)."""
@@ -58,6 +68,8 @@ class Parallel:
 
     def agree(self, flags: torch.Tensor) -> torch.Tensor:
         """Summed over ranks: taken from the gradient all-reduce if it carried ``flags``."""
+        if self.ctx.world_size == 1:
+            return flags
         if self._flags.agreed is not None and self._flags.local is flags:
             return self._flags.agreed
         return _all_reduce_sum(flags)  # no gradient was reduced (nothing trainable this step)
