@@ -130,10 +130,8 @@ def _model_report(c: TrainConfig, ctx: Any) -> dict[str, Any]:
     model = build_model(c).to(ctx.device)
     total = sum(p.numel() for p in model.parameters())
     parallel = build_parallel(model, c, ctx)
-    local = torch.tensor([parallel.local_numel()], dtype=torch.float64)
-    everyone = [torch.zeros_like(local) for _ in range(ctx.world_size)]
-    dist.all_gather(everyone, local)
-    per_rank = [int(t.item()) for t in everyone]
+    per_rank: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(per_rank, parallel.local_numel())  # any backend, NCCL included
     element = next(model.parameters()).element_size()
     # parameters + gradients + optimizer state (AdamW: two moments; SGD: one momentum buffer)
     copies = 2 + (2 if c.optimizer == "adamw" else 1)

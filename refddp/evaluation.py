@@ -1,8 +1,9 @@
 """Evaluation and prediction: every sample exactly once, at any world size.
 
-Each rank runs the plain model (no DDP wrapper, so no collectives while shards differ in
-length) over its unpadded shard; sums and counts then meet in one all-reduce (eval) or one
-gather (predict).
+Each rank runs the model over its unpadded shard; sums and counts then meet in one all-reduce
+(eval) or one gather (predict). Under DDP the plain model runs (no collectives while shards
+differ in length); under FSDP every forward gathers parameters, so ranks run the same number
+of forwards, the ones past their shard's end counting nothing.
 """
 
 from __future__ import annotations

@@ -128,8 +128,7 @@ def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
         else "; see the ranks' output above"
     )
     print(f"error: {job} failed: {described}{hint}", file=sys.stderr)
-    first = failures[0][1].exitcode
-    return first if first > 0 else 1
+    return 1  # a runtime failure, whatever code or signal ended the failed rank
 
 
 def _describe(rank: int, failure: ProcessFailure) -> str:

@@ -160,6 +160,7 @@ class FullyShardedParallel(Parallel):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.model, self.ctx = model, ctx
+        self._flags = _FlagHook(torch.device(ctx.device))  # unused: FSDP agrees apart
         device = torch.device(ctx.device)
         # Never the default mesh: it picks the accelerator's device type even on a gloo group.
         mesh = init_device_mesh(device.type, (ctx.world_size,))
@@ -251,7 +252,8 @@ def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
     """
     listed = getattr(model, "fsdp_blocks", None)
     if listed is not None:
-        blocks = listed() if callable(listed) else listed
+        # A method returning the blocks, or the blocks (an nn.ModuleList is callable too).
+        blocks = listed() if callable(listed) and not isinstance(listed, nn.Module) else listed
         return [b for b in blocks if isinstance(b, nn.Module)]
     blocks: list[nn.Module] = []
     for child in model.children():
@@ -270,7 +272,11 @@ def _without_gradient_sync(model: nn.Module) -> Iterator[None]:
 
 
 def _names_to_indices(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """FQN-keyed optimizer state (torch.distributed.checkpoint) to optimizer.state_dict()'s."""
+    """FQN-keyed optimizer state (torch.distributed.checkpoint) to optimizer.state_dict()'s.
+
+    Index i is the i-th parameter of ``model.parameters()``, the order refddp's optimizers
+    take them in (one group: ``build_optimizer``).
+    """
     index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
     return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}

@@ -50,6 +50,9 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
+        # Statistics in float32 at least: under AMP a bf16 count of 990 rounds to 992, an fp16
+        # one overflows past 65504.
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
         dims = [0, *range(2, x.dim())]
         shape = [1, -1] + [1] * (x.dim() - 2)
         count = torch.tensor([x.numel() // x.shape[1]], dtype=x.dtype, device=x.device)

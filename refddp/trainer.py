@@ -97,8 +97,10 @@ def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
 
 
 def prepare_run_dir(c: TrainConfig) -> None:
-    os.makedirs(c.out, exist_ok=True)
-    save_yaml(c, os.path.join(c.out, "config.yaml"))
+    path = os.path.join(c.out, "config.yaml")
+    with ckpt.writing(path):
+        os.makedirs(c.out, exist_ok=True)
+        save_yaml(c, path)
 
 
 def truncate_history(out: str, step: int) -> None:
@@ -109,7 +111,7 @@ def truncate_history(out: str, step: int) -> None:
     with open(path) as f:
         kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with ckpt.writing(path), open(tmp, "w") as f:
         f.writelines(kept)
     os.replace(tmp, path)
 
@@ -382,7 +384,9 @@ class Trainer:
         if eval_due and not interrupted:
             is_best, interrupted = self.evaluate_and_record()
         self.pos.eval_pending = eval_due and interrupted
+        saving = time.perf_counter()
         signum = self.save(is_best)  # every rank learns here of a stop requested anywhere
+        self.window["start"] += time.perf_counter() - saving  # throughput counts training only
         if signum:
             self.stopped_by = signum
         return bool(signum) or stop_after

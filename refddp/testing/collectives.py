@@ -12,9 +12,10 @@ segfaults (DDP's logger casts the wrapper to ProcessGroupGloo). This check also 
 reduce op and the src/dst root, which the wrapper's fingerprint leaves out, and compares calls
 after filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` agree.
 
-Only calls made through the ``torch.distributed`` namespace are seen; DDP's gradient
+Only calls made through the ``torch.distributed`` namespace are seen; DDP's built-in gradient
 all-reduce runs in C++ and shows up in the process group's sequence number instead
-(``process_group_sequence``).
+(``process_group_sequence``). A Python comm hook's all-reduce (refddp's trainer registers one,
+``refddp.parallel``) is seen, from inside autograd.
 """
 
 from __future__ import annotations
