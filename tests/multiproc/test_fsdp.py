@@ -21,6 +21,13 @@ def test_fsdp_run_equals_the_ddp_run_with_accumulation_and_clipping(run_cli, tin
     ddp = run_cli("--nproc", 2, out="ddp", **flags)
     fsdp = run_cli("--nproc", 2, "--strategy", "fsdp", out="fsdp", **flags)
     assert_same_weights(fsdp.weights(), ddp.weights(), **STEPS_CLOSE)
+    # The optimizer state too, in the same layout (torch's: parameter indices, not names).
+    ours_opt = fsdp.checkpoint()["optimizer_state_dict"]
+    theirs_opt = ddp.checkpoint()["optimizer_state_dict"]
+    assert ours_opt["param_groups"][0]["params"] == theirs_opt["param_groups"][0]["params"]
+    assert ours_opt["state"].keys() == theirs_opt["state"].keys()
+    for index, state in theirs_opt["state"].items():
+        assert_same_weights(ours_opt["state"][index], state, **STEPS_CLOSE)
     # Exact eval with FSDP's lockstep forwards over uneven shards: the same metrics.
     ours, theirs = fsdp.checkpoint()["metrics"], ddp.checkpoint()["metrics"]
     assert ours["num_samples"] == theirs["num_samples"] == 33

@@ -247,6 +247,6 @@ MUTANTS = (
     Mutant(
         "fsdp-optimizer-by-name", "FSDP checkpoints keep torch's optimizer layout", PARALLEL,
         "return _names_to_indices(by_name, self.model) if by_name else {}", "return by_name",
-        (f"{T_FSDP}::test_fsdp_checkpoint_is_a_plain_full_dict_a_bare_model_evaluates",),
+        (f"{T_FSDP}::test_fsdp_run_equals_the_ddp_run_with_accumulation_and_clipping",),
     ),
 )
