@@ -74,13 +74,13 @@ def scale_after_resume(out: str, **overrides) -> float:
     return trainer.scaler.get_scale()
 
 
-def doctor_check(skip_rank: int | None = None, **overrides) -> dict | None:
+def doctor_check(skip_rank: int | None = None, barrier_s: float = 2.0, **overrides) -> dict | None:
     """Run the doctor's checks on this rank; ``skip_rank`` plants a rank that never arrives."""
     from refddp.doctor import check
 
     if skip_rank is not None and dist.get_rank() == skip_rank:
         return None
-    return check(tiny_config("unused", **overrides), barrier_timeout_s=2.0, repeats=2)
+    return check(tiny_config("unused", **overrides), barrier_timeout_s=barrier_s, repeats=2)
 
 
 def nccl_gradients() -> torch.Tensor:
