@@ -22,7 +22,7 @@ from torch import nn
 from refddp import checkpoint as ckpt
 from refddp.config import TrainConfig
 from refddp.data import ShardSampler, build_datasets, make_loader
-from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
+from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
 from refddp.models import build_model
 from refddp.parallel import runs_in_lockstep
 
@@ -66,7 +66,7 @@ def evaluate(
         done += 1
         stopping = stop is not None and stop()
         if lockstep:  # every rank must leave the loop at the same forward
-            stopping = bool(_any_rank(stopping, device))
+            stopping = agree_any(stopping, device=device)[0]
         if stopping:
             sums[3] = 1
             break
@@ -96,12 +96,6 @@ def evaluate(
         "num_samples": int(count),
         "interrupted": False,
     }
-
-
-def _any_rank(flag: bool, device: torch.device) -> float:
-    value = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(value)
-    return value.item()
 
 
 def _first_item_batch(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
