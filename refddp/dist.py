@@ -25,6 +25,14 @@ from typing import IO, NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists, on purpose. This module binds ``group.WORLD`` as
+# the default argument of ten functions when it is imported; DDP imports it (through
+# torch._dynamo) on first use, i.e. after init_process_group, so those defaults would keep the
+# default group alive for good: destroy_process_group could not free it, and gloo's threads
+# would run on into interpreter shutdown, where they abort a finished run (issue 15's
+# "terminate called without an active exception"). Imported now, the defaults are None.
+import torch.distributed.nn.functional  # noqa: F401, E402
+
 T = TypeVar("T")
 log = logging.getLogger("refddp")
 
@@ -218,14 +226,14 @@ def teardown() -> None:
 def end_process(main: Callable[[], int]) -> NoReturn:
     """Run a rank's ``main`` and end the process with its exit code, never in a native abort.
 
-    ``destroy_process_group`` does not stop gloo's threads once DDP has wrapped a model (DDP
-    keeps a reference to the group: measured with torch 2.13, the worker and transport
-    threads outlive it), so they are still running while the interpreter finalizes; a native
-    thread that then touches Python or a C++ object being torn down aborts the process
-    (``terminate called without an active exception``, SIGABRT) after the run has finished.
-    So: run the exit handlers and flush while the interpreter is whole, then leave without
-    finalization; the kernel stops every thread at once. An uncaught exception is printed
-    and exits 1, like Python would.
+    ``teardown`` stops gloo's threads (see the import of ``torch.distributed.nn.functional``
+    above for what used to keep them alive after a DDP run). This is the second line of
+    defence, for the paths where that cannot be guaranteed: a group torch itself keeps alive
+    (FSDP2's device mesh does, measured with torch 2.13), a rank that fails while a collective
+    is in flight, a user's thread. A native thread still running while the interpreter
+    finalizes can abort a finished run (SIGABRT). So: run the exit handlers and flush while the
+    interpreter is whole, then leave without finalization; the kernel stops every thread at
+    once. An uncaught exception is printed and exits 1, like Python would.
     """
     try:
         code = main()

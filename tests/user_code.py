@@ -150,3 +150,28 @@ class SlowValDataset(torch.utils.data.Dataset):
 def slow_eval_datasets(config):
     train, val = synthetic(config)
     return train, SlowValDataset(val)
+
+
+def mlp_reporting_native_threads_at_exit(config):
+    """The demo MLP; at exit, each rank writes the names of its live native threads to
+    ``$REFDDP_TEST_THREADS_DIR/rank<R>.txt``. Exit handlers run after the trainer's teardown,
+    where a native thread still alive would run on into interpreter shutdown."""
+    import atexit
+
+    from refddp.models import MLP
+
+    rank = dist.get_rank() if dist.is_initialized() else 0  # the group is gone at exit
+
+    def report() -> None:
+        tasks = os.listdir("/proc/self/task")
+        names = []
+        for task in tasks:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        path = os.path.join(os.environ["REFDDP_TEST_THREADS_DIR"], f"rank{rank}.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(sorted(names)))
+
+    atexit.register(report)
+    model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+    return model.to(getattr(torch, config.dtype))

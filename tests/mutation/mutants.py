@@ -249,4 +249,11 @@ MUTANTS = (
         "return _names_to_indices(by_name, self.model) if by_name else {}", "return by_name",
         (f"{T_FSDP}::test_fsdp_run_equals_the_ddp_run_with_accumulation_and_clipping",),
     ),
+    Mutant(
+        "group-held-by-default-args", "a finished run leaves no gloo thread at exit",
+        "refddp/dist.py",
+        "import torch.distributed.nn.functional  # noqa: F401, E402", "",
+        ("tests/multiproc/test_exit_codes.py"
+         "::test_no_gloo_thread_outlives_the_process_group_after_a_ddp_run",),
+    ),
 )
