@@ -61,12 +61,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("repetitions", nargs="?", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--name", default="stress",
+                        help="results go to results/NAME.json (default: stress)")
     parser.add_argument("tests", nargs="*", default=DEFAULT_TESTS)
     args = parser.parse_args()
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     failures: list[dict[str, object]] = []
-    seconds = []
+    seconds: list[float] = []
+    loads: list[float] = []
+    failures_so_far = 0
     with tempfile.TemporaryDirectory() as tmp:
         for repetition in range(1, args.repetitions + 1):
             report = os.path.join(tmp, f"{repetition}.xml")
@@ -83,25 +87,42 @@ def main() -> None:
                     failed[name] += 1
                     failures.append({"repetition": repetition, "test": name, "output": text})
             print(f"repetition {repetition}/{args.repetitions}: {sum(failed.values())} "
-                  f"failure(s) so far ({seconds[-1]:.0f} s)", flush=True)  # fmt: skip
+                  f"failure(s) so far ({seconds[-1]:.0f} s, load {os.getloadavg()[0]:.1f})",
+                  flush=True)  # fmt: skip
+            loads.append(os.getloadavg()[0])
+            # Written after every repetition: a long hunt stopped early keeps what it found.
+            failures_so_far = record(args, repetition, runs, failed, failures, seconds, loads)
+    sys.exit(1 if failures_so_far else 0)
+
+
+def record(
+    args: argparse.Namespace, done: int, runs: Counter[str], failed: Counter[str],
+    failures: list[dict[str, object]], seconds: list[float], loads: list[float],
+) -> int:  # fmt: skip
+    """Write what the hunt found so far; returns the number of failed test runs."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     results = {
-        "repetitions": args.repetitions,
+        "repetitions": done,
+        "repetitions_asked": args.repetitions,
         "workers": args.workers,
         "tests": args.tests,
+        "commit": commit,
         "test_runs": sum(runs.values()),
         "test_failures": sum(failed.values()),
         "per_test": {n: {"runs": runs[n], "failures": failed[n]} for n in sorted(runs)},
         "failures": failures,
         "seconds_per_repetition": sum(seconds) / max(len(seconds), 1),
+        "load_average_1min_after_each_repetition": [round(x, 1) for x in loads],
     }
     rows = [f"{'test':<100} {'runs':>5} {'failed':>6}"]
     rows += [f"{n[-100:]:<100} {runs[n]:>5} {failed[n]:>6}" for n in sorted(runs)]
     rows.append(
-        f"{args.repetitions} repetitions under -n {args.workers}: "
+        f"{done} repetitions under -n {args.workers} at {commit}: "
         f"{results['test_failures']} failure(s) in {results['test_runs']} test runs"
     )
-    write("stress", results, "\n".join(rows))
-    sys.exit(1 if results["test_failures"] else 0)
+    write(args.name, results, "\n".join(rows))
+    return results["test_failures"]
 
 
 if __name__ == "__main__":
