@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--name", default="stress",
                         help="results go to results/NAME.json (default: stress)")
     parser.add_argument("tests", nargs="*", default=DEFAULT_TESTS)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     failures: list[dict[str, object]] = []
