@@ -13,6 +13,7 @@ belong to the pytest process; asking for one is a collection error naming it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,11 +81,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _stop_pools_and_leases() -> None:
-    from refddp.testing.gpus import release_devices
-    from refddp.testing.pool import shutdown_pools
-
-    shutdown_pools()
-    release_devices()
+    # Only a session that ran a distributed test has imported these (and torch with them).
+    pool = sys.modules.get("refddp.testing.pool")
+    if pool is not None:
+        pool.shutdown_pools()
+    gpus = sys.modules.get("refddp.testing.gpus")
+    if gpus is not None:
+        gpus.release_devices()
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

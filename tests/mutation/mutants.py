@@ -256,4 +256,11 @@ MUTANTS = (
         ("tests/multiproc/test_exit_codes.py"
          "::test_no_gloo_thread_outlives_the_process_group_after_a_ddp_run",),
     ),
+    Mutant(
+        "plugin-imports-torch-at-session-end", "the plugin costs no torch import",
+        "refddp/testing/plugin.py",
+        'pool = sys.modules.get("refddp.testing.pool")', "import refddp.testing.pool as pool",
+        ("tests/unit/test_plugin.py"
+         "::test_a_session_without_distributed_tests_never_imports_torch",),
+    ),
 )

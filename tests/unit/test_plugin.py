@@ -76,6 +76,23 @@ def test_outcomes_by_rank_under_each_import_mode(pytester, monkeypatch, import_m
     assert "skipped inside the ranks" in out
 
 
+def test_a_session_without_distributed_tests_never_imports_torch(pytester):
+    """The plugin loads in every pytest session of a project that installs refddp; one that
+    runs no distributed test must not pay for importing torch (seconds, on every run)."""
+    pytester.makeconftest("""
+        import sys
+
+        def pytest_sessionfinish(session):
+            with open("torch_imported.txt", "w") as f:
+                f.write(str("torch" in sys.modules))
+    """)
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = run_inner(pytester)  # the plugin loads through its pytest11 entry point
+    result.assert_outcomes(passed=1)
+    assert "--dist-timeout" in run_inner(pytester, "--help").stdout.str()  # the plugin loaded
+    assert (pytester.path / "torch_imported.txt").read_text() == "False"
+
+
 def test_marker_selection_picks_spawn_tests_and_strict_markers_pass(pytester):
     pytester.makepyfile(test_behaviour=BEHAVIOUR)
     result = run_inner(pytester, "-m", "multiproc", "--strict-markers", "--collect-only", "-q")
