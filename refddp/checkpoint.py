@@ -240,8 +240,16 @@ def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     return latest
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Open a checkpoint with ``weights_only=True``; every failure is one line naming the file."""
+def load_checkpoint(path: str, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, Any]:
+    """Open a checkpoint with ``weights_only=True``; every failure is one line naming the file.
+
+    A directory is a sharded (dcp) checkpoint: its run state, with the model's keys and shapes
+    (``checkpoint_dcp.load_run_state``).
+    """
+    if os.path.isdir(path):
+        from refddp import checkpoint_dcp
+
+        return checkpoint_dcp.load_run_state(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"resume: checkpoint not found: {path}")
     try:
@@ -261,7 +269,7 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: not a refddp checkpoint (not a dict)")
-    missing = [k for k in REQUIRED_KEYS if k not in state]
+    missing = [k for k in required if k not in state]
     if missing:
         raise CheckpointError(f"{path}: not a refddp checkpoint (missing {', '.join(missing)})")
     version = state.get("format_version", 1)  # files from before the key existed are version 1
@@ -283,29 +291,41 @@ def load_resume_checkpoint(c: TrainConfig) -> tuple[str, dict[str, Any]] | None:
         found = None
     elif c.resume != "auto":
         found = (c.resume, load_checkpoint(c.resume))
-    else:
+    else:  # the newest of the two formats' latest checkpoints (a run may switch format)
+        from refddp import checkpoint_dcp
+
         directory = checkpoint_dir(c.out)
-        latest, previous = os.path.join(directory, LATEST), os.path.join(directory, PREVIOUS)
-        found, latest_error = None, None
-        for path in (latest, previous):
-            if not os.path.exists(path):
-                continue
-            try:
-                found = (path, load_checkpoint(path))
-            except CheckpointError as exc:
-                if path == previous or not os.path.exists(previous):
-                    raise  # nothing older to fall back to
-                latest_error = exc
-                continue
-            if latest_error is not None:
-                log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
-            break
+        pairs = ((LATEST, PREVIOUS), (checkpoint_dcp.LATEST, checkpoint_dcp.PREVIOUS))
+        candidates = [
+            _latest_loadable(os.path.join(directory, latest), os.path.join(directory, previous))
+            for latest, previous in pairs
+        ]
+        found = max((f for f in candidates if f), key=lambda f: f[1]["step"], default=None)
     if found is None and c.task != "train":
         raise CheckpointError(
             f"resume: no checkpoint in {checkpoint_dir(c.out)}; "
             f"--task {c.task} needs --resume PATH or a trained --out"
         )
     return found
+
+
+def _latest_loadable(latest: str, previous: str) -> tuple[str, dict[str, Any]] | None:
+    """``latest`` loaded, or ``previous`` (with a warning) if ``latest`` is unreadable."""
+    latest_error = None
+    for path in (latest, previous):
+        if not os.path.exists(path):
+            continue
+        try:
+            found = (path, load_checkpoint(path))
+        except CheckpointError as exc:
+            if path == previous or not os.path.exists(previous):
+                raise  # nothing older to fall back to
+            latest_error = exc
+            continue
+        if latest_error is not None:
+            log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
+        return found
+    return None
 
 
 def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -> None:
@@ -335,6 +355,11 @@ def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -
 
 
 def load_model_weights(model: nn.Module, state: dict[str, Any], path: str) -> None:
+    """The checkpoint's weights into a plain (unsharded) model, in this process alone."""
+    if "dcp_checkpoint" in state:  # a sharded checkpoint: read it whole
+        from refddp import checkpoint_dcp
+
+        state = checkpoint_dcp.load_full(state)
     check_model_compatible(model, state["model_state_dict"], path)
     unwrap(model).load_state_dict(clean_state_dict(state["model_state_dict"]))
 
@@ -359,7 +384,7 @@ ON_RESUME = {
     **dict.fromkeys(
         "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
         "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite timeout strategy".split(),
+        "eval_every on_nonfinite timeout strategy ckpt_format".split(),
         APPLIED,
     ),
 }
@@ -460,13 +485,25 @@ def build_state(
     global_batch: int,
     steps_per_epoch: int,
     per_rank: list[dict[str, Any]],
+    tensors: bool = True,
 ) -> dict[str, Any]:
-    """A training checkpoint. ``per_rank``: every rank's ``{"rng": ..., "loss": [sum, n]}``."""
+    """A training checkpoint. ``per_rank``: every rank's ``{"rng": ..., "loss": [sum, n]}``.
+
+    ``tensors=False``: the run state of a sharded (dcp) checkpoint, whose model and optimizer
+    tensors each rank writes itself: no model state, and only the optimizer's param_groups.
+    """
     epoch, done = divmod(pos.step, steps_per_epoch)
+    if tensors:
+        weights = {
+            "model_state_dict": parts.parallel.model_state_dict(),
+            "optimizer_state_dict": parts.parallel.optimizer_state_dict(parts.optimizer),
+        }
+    else:
+        groups = parts.optimizer.state_dict()["param_groups"]
+        weights = {"optimizer_state_dict": {"param_groups": groups}}
     return {
         "format_version": FORMAT_VERSION,
-        "model_state_dict": parts.parallel.model_state_dict(),
-        "optimizer_state_dict": parts.parallel.optimizer_state_dict(parts.optimizer),
+        **weights,
         "scheduler_state_dict": parts.scheduler.state_dict(),
         "scaler_state_dict": parts.scaler.state_dict(),
         "epoch": epoch,
@@ -510,9 +547,13 @@ def restore(
             "the training set changed; resume with the same data"
         )
     check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
-    parts.parallel.load_state(
-        clean_state_dict(state["model_state_dict"]), parts.optimizer, state["optimizer_state_dict"]
-    )
+    if "dcp_checkpoint" in state:  # sharded: every rank reads its own shards
+        from refddp import checkpoint_dcp
+
+        checkpoint_dcp.restore_tensors(state, parts)
+    else:
+        model_state = clean_state_dict(state["model_state_dict"])
+        parts.parallel.load_state(model_state, parts.optimizer, state["optimizer_state_dict"])
     if state.get("scheduler_state_dict"):
         parts.scheduler.load_state_dict(state["scheduler_state_dict"])
     _apply_hyperparameters(parts, c)

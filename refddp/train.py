@@ -100,7 +100,7 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         path, state = resumed
         ckpt.check_model_compatible(model, state["model_state_dict"], path)
     elif c.init_from and c.task == "train":
-        if not os.path.isfile(c.init_from):
+        if not os.path.exists(c.init_from):
             raise ConfigError(f"init_from: checkpoint not found: {c.init_from}")
         ckpt.check_model_compatible(
             model, ckpt.load_checkpoint(c.init_from)["model_state_dict"], c.init_from

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
+from refddp import checkpoint_dcp
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
@@ -215,9 +216,13 @@ class Trainer:
         self.pos.window["seconds"] = (
             self.window["seconds"] + time.perf_counter() - self.window["start"]
         )
+        full = self.c.ckpt_format == "full"  # else dcp: each rank writes its shards
         state = ckpt.build_state(self.parts, self.pos, self.c, self.global_batch,
-                                 self.sampler.steps_per_epoch, per_rank)  # fmt: skip
-        rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
+                                 self.sampler.steps_per_epoch, per_rank, tensors=full)  # fmt: skip
+        if full:
+            rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
+        else:
+            checkpoint_dcp.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
         return self.agree(self.local_flags())[1]
