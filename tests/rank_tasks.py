@@ -177,7 +177,29 @@ def fit_full_weights(out: str, **overrides) -> dict:
         "weights": trainer.parallel.model_state_dict(),
         "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
         "step": result["step"],
+        "stopped_by": result["stopped_by"],
     }
+
+
+def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
+    """``fit_full_weights``, with SIGTERM sent to ``signalled_rank`` alone right after its
+    step ``step`` (the other ranks learn of it at the next step's agreement)."""
+    import os
+    import signal
+
+    train_step = Trainer.train_step
+
+    def signalled(self, batches):
+        signum = train_step(self, batches)
+        if self.pos.step == step and dist.get_rank() == signalled_rank:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler only sets a flag
+        return signum
+
+    Trainer.train_step = signalled
+    try:
+        return fit_full_weights(out, **overrides)
+    finally:
+        Trainer.train_step = train_step
 
 
 def fit_with_a_failing_dcp_save(out: str, failing_save: int, **overrides) -> str:
@@ -204,3 +226,12 @@ def fit_with_a_failing_dcp_save(out: str, failing_save: int, **overrides) -> str
     finally:
         FileSystemWriter.finish = finish
     return "no error"
+
+
+def fit_counting_compiled_graphs(out: str, **overrides) -> dict:
+    """``fit_full_weights``, with the number of graphs torch.compile compiled meanwhile."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    result = fit_full_weights(out, **overrides)
+    return {**result, "graphs": counters["stats"]["unique_graphs"] - before}
