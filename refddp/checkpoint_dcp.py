@@ -7,7 +7,7 @@ A dcp checkpoint is one directory, ``checkpoints/checkpoint_stepNNNNNNNN[-K].dcp
   buffers under ``model/FQN`` and the optimizer's state under ``optim/FQN/NAME`` (clean FQNs,
   the full format's model keys). Under FSDP each rank writes its shards; under DDP DCP writes
   each replicated tensor once;
-- ``run_state.pth``: everything else a full checkpoint holds (``checkpoint.build_state``
+- ``run_state.pth``: everything else a full checkpoint holds (``run_state.build_state``
   without the tensors: step, sampler position, RNG states, scheduler, scaler, config, the
   optimizer's ``param_groups``), plus the parameter order that maps ``optim/FQN`` back to
   the optimizer's indices. A plain file that ``torch.load(weights_only=True)`` opens.
@@ -31,7 +31,7 @@ import pickle
 import re
 import shutil
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -41,6 +41,9 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 
 from refddp import checkpoint as ckpt
 from refddp.dist import rank0_then_meet
+
+if TYPE_CHECKING:
+    from refddp.run_state import RunParts
 
 LATEST, PREVIOUS, BEST = (
     "checkpoint_latest.dcp", "checkpoint_previous.dcp", "checkpoint_best.dcp",
@@ -98,10 +101,6 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def is_dcp_checkpoint(path: str) -> bool:
-    return os.path.isdir(path)
-
-
 def read_metadata(path: str) -> Metadata:
     """The checkpoint's DCP metadata; a missing, corrupt or code-carrying one is one line."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
@@ -132,6 +131,8 @@ def load_run_state(path: str) -> dict[str, Any]:
     ``model_state_dict`` holds meta tensors of the saved shapes (enough to check the model
     fits); ``restore`` and ``load_full`` read the tensors."""
     metadata = read_metadata(path)
+    if not os.path.isfile(os.path.join(path, RUN_STATE)):
+        raise ckpt.CheckpointError(f"{path}: not a refddp dcp checkpoint (no {RUN_STATE} in it)")
     state = ckpt.load_checkpoint(os.path.join(path, RUN_STATE), RUN_STATE_KEYS)
     state["model_state_dict"] = {
         key.split("/", 1)[1]: torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
@@ -188,26 +189,31 @@ def _flat(model_state: dict[str, Any], optim_state: dict[str, Any]) -> dict[str,
     return flat
 
 
-def write(state: dict[str, Any], parts: ckpt.RunParts, out: str, is_best: bool) -> str:
+def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> str:
     """Save a dcp checkpoint: a collective, every rank calls it with the same ``state`` (a
     ``build_state(..., tensors=False)``); rank 0 writes the run state and the links."""
     directory = ckpt.checkpoint_dir(out)
     tmp = os.path.join(directory, f".checkpoint_step{state['step']:08d}.dcp.tmp")
-    rank0_then_meet(lambda: _prepare(directory, tmp))
+    rank0_then_meet(lambda: _prepare(directory))
     model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
     try:
         dcp.save(_flat(model_state, optim_state),
                  storage_writer=FileSystemWriter(tmp, sync_files=True))  # fmt: skip
-    except CheckpointException as exc:  # every rank gets it, naming the rank that failed
-        rank, (error, _) = next(iter(exc.failures.items()))
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise ckpt.RunFileError(f"cannot write checkpoint {tmp} (rank {rank}): {reason}") from None
+    except CheckpointException as exc:  # every rank gets it
+        raise ckpt.RunFileError(f"cannot write checkpoint {tmp} ({_first(exc)})") from None
     names = [name for name, _ in parts.parallel.model.named_parameters()]
     layout = {"model": [f"model/{k}" for k in model_state], "parameters": names}
     return rank0_then_meet(lambda: _publish({**state, LAYOUT: layout}, directory, tmp, is_best))
 
 
-def _prepare(directory: str, tmp: str) -> None:
+def _first(exc: CheckpointException) -> str:
+    """The first failed rank and its error, in a few words."""
+    rank, (error, _) = next(iter(exc.failures.items()))
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return f"rank {rank}: " + (reason.strip().splitlines()[0] if reason.strip() else repr(error))
+
+
+def _prepare(directory: str) -> None:
     with ckpt.writing(directory):
         os.makedirs(directory, exist_ok=True)
         ckpt.remove_stale_temp_files(directory)
@@ -254,13 +260,17 @@ def _remove_unlinked(directory: str) -> None:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
-def restore_tensors(state: dict[str, Any], parts: ckpt.RunParts) -> None:
+def restore_tensors(state: dict[str, Any], parts: RunParts) -> None:
     """Read the model and optimizer tensors of a dcp checkpoint into ``parts``: a collective.
     DCP reads each rank's own shards, resharding when the world size changed."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
-    dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))
+    try:
+        dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))
+    except CheckpointException as exc:  # every rank gets it
+        reason = _first(exc)
+        raise ckpt.CheckpointError(f"{state[KEY]}: cannot read its tensors ({reason})") from None
     names = [name for name, _ in parts.parallel.model.named_parameters()]
     groups = [{**g, "params": [names[i] for i in g["params"]]}
               for g in state["optimizer_state_dict"]["param_groups"]]  # fmt: skip
