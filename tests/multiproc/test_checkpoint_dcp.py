@@ -66,9 +66,12 @@ def test_dcp_resume_reshards_across_world_sizes_and_strategies(spawn, tmp_path):
     assert_same(last["optimizer"], straight["optimizer"], **CLOSE)
 
 
-def test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run(spawn, tmp_path, capsys):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run(
+    spawn, tmp_path, capsys, strategy
+):
     out = tmp_path / "run"
-    spawn(fit_then_save_full, str(out), world_size=2, strategy="fsdp")
+    spawn(fit_then_save_full, str(out), world_size=2, strategy=strategy)
     converted = tmp_path / "converted.pth"
     # In this process: no process group, another world size than the checkpoint's.
     assert convert_checkpoint.main([latest_dcp(out), str(converted)]) == 0
