@@ -80,10 +80,12 @@ def test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run(
     # Everything but the format's own name and the clock (the second save came later).
     assert_same(ours, full, skip={"/config/ckpt_format", "/train_window/seconds"})
     assert ours["config"]["ckpt_format"] == "dcp" and full["config"]["ckpt_format"] == "full"
-    # Training from it: --init-from takes the dcp directory and the converted file alike.
-    a = spawn(fit_full_weights, str(tmp_path / "a"), init_from=latest_dcp(out), epochs=1)[0]
-    b = spawn(fit_full_weights, str(tmp_path / "b"), init_from=str(converted), epochs=1)[0]
-    assert_same(a["weights"], b["weights"])
+    # --resume and --init-from take the dcp directory and the converted file alike.
+    for how, flags in (("resume", {"epochs": 3}), ("init_from", {"epochs": 1})):
+        a = spawn(fit_full_weights, str(tmp_path / f"{how}-a"), **{how: latest_dcp(out)}, **flags)
+        b = spawn(fit_full_weights, str(tmp_path / f"{how}-b"), **{how: str(converted)}, **flags)
+        assert a[0]["step"] == b[0]["step"] and a[0]["step"] > 0, how
+        assert_same(a[0]["weights"], b[0]["weights"], where=how)
     # An output that cannot be written: a runtime failure, one line naming it.
     capsys.readouterr()
     (tmp_path / "dir.pth").mkdir()
