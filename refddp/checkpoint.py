@@ -1,4 +1,7 @@
-"""The checkpoint format, atomic writes, safe loads and finding what to resume from.
+"""The plain checkpoint file: atomic writes, safe loads and finding what to resume from.
+
+What a training checkpoint holds and how a run continues from it: ``refddp/run_state.py``;
+the sharded directory format (``--ckpt-format dcp``): ``refddp/checkpoint_dcp.py``.
 
 A checkpoint is a plain dict that ``torch.load(path, weights_only=True)`` opens; model keys are
 clean (no ``module.`` / ``_orig_mod.``), so it loads into a bare model in any process. Writes
@@ -9,22 +12,19 @@ old file or the new one, never half of one, and the one before stays as ``checkp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
 import os
 import pickle
 import random
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from refddp.config import ConfigError, TrainConfig, per_rank_batch_size
+from refddp.config import ConfigError, TrainConfig
 
 LATEST = "checkpoint_latest.pth"
 PREVIOUS = "checkpoint_previous.pth"
@@ -240,8 +240,16 @@ def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     return latest
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Open a checkpoint with ``weights_only=True``; every failure is one line naming the file."""
+def load_checkpoint(path: str, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, Any]:
+    """Open a checkpoint with ``weights_only=True``; every failure is one line naming the file.
+
+    A directory is a sharded (dcp) checkpoint: its run state, with the model's keys and shapes
+    (``checkpoint_dcp.load_run_state``).
+    """
+    if os.path.isdir(path):
+        from refddp import checkpoint_dcp
+
+        return checkpoint_dcp.load_run_state(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"resume: checkpoint not found: {path}")
     try:
@@ -261,7 +269,7 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({first})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: not a refddp checkpoint (not a dict)")
-    missing = [k for k in REQUIRED_KEYS if k not in state]
+    missing = [k for k in required if k not in state]
     if missing:
         raise CheckpointError(f"{path}: not a refddp checkpoint (missing {', '.join(missing)})")
     version = state.get("format_version", 1)  # files from before the key existed are version 1
@@ -283,29 +291,41 @@ def load_resume_checkpoint(c: TrainConfig) -> tuple[str, dict[str, Any]] | None:
         found = None
     elif c.resume != "auto":
         found = (c.resume, load_checkpoint(c.resume))
-    else:
+    else:  # the newest of the two formats' latest checkpoints (a run may switch format)
+        from refddp import checkpoint_dcp
+
         directory = checkpoint_dir(c.out)
-        latest, previous = os.path.join(directory, LATEST), os.path.join(directory, PREVIOUS)
-        found, latest_error = None, None
-        for path in (latest, previous):
-            if not os.path.exists(path):
-                continue
-            try:
-                found = (path, load_checkpoint(path))
-            except CheckpointError as exc:
-                if path == previous or not os.path.exists(previous):
-                    raise  # nothing older to fall back to
-                latest_error = exc
-                continue
-            if latest_error is not None:
-                log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
-            break
+        pairs = ((LATEST, PREVIOUS), (checkpoint_dcp.LATEST, checkpoint_dcp.PREVIOUS))
+        candidates = [
+            _latest_loadable(os.path.join(directory, latest), os.path.join(directory, previous))
+            for latest, previous in pairs
+        ]
+        found = max((f for f in candidates if f), key=lambda f: f[1]["step"], default=None)
     if found is None and c.task != "train":
         raise CheckpointError(
             f"resume: no checkpoint in {checkpoint_dir(c.out)}; "
             f"--task {c.task} needs --resume PATH or a trained --out"
         )
     return found
+
+
+def _latest_loadable(latest: str, previous: str) -> tuple[str, dict[str, Any]] | None:
+    """``latest`` loaded, or ``previous`` (with a warning) if ``latest`` is unreadable."""
+    latest_error = None
+    for path in (latest, previous):
+        if not os.path.exists(path):
+            continue
+        try:
+            found = (path, load_checkpoint(path))
+        except CheckpointError as exc:
+            if path == previous or not os.path.exists(previous):
+                raise  # nothing older to fall back to
+            latest_error = exc
+            continue
+        if latest_error is not None:
+            log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
+        return found
+    return None
 
 
 def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -> None:
@@ -335,217 +355,10 @@ def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -
 
 
 def load_model_weights(model: nn.Module, state: dict[str, Any], path: str) -> None:
+    """The checkpoint's weights into a plain (unsharded) model, in this process alone."""
+    if "dcp_checkpoint" in state:  # a sharded checkpoint: read it whole
+        from refddp import checkpoint_dcp
+
+        state = checkpoint_dcp.load_full(state)
     check_model_compatible(model, state["model_state_dict"], path)
     unwrap(model).load_state_dict(clean_state_dict(state["model_state_dict"]))
-
-
-# -- the run state: which keys a training checkpoint holds, and continuing a run from one -------
-
-# What a resumed run may change, per run field of TrainConfig (tests/unit/test_checkpoint.py
-# checks that every field is listed). Fields that describe one invocation (task, out, resume,
-# nproc, stop_after, init_from, ...) are never taken from a checkpoint and are not listed.
-#   applied: the new value is in effect from the first resumed step, and config.yaml records it.
-#   refused: a different value is a usage error before any rank starts: it would be another run.
-#   derived: the run's global batch is kept; the per-rank batch follows the new world size and
-#            grad_accum. A batch_size/global_batch_size that would change it is refused.
-APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
-ON_RESUME = {
-    **dict.fromkeys(
-        "model data train_size val_size input_dim num_classes hidden_size depth dropout "
-        "augment sync_bn optimizer amp dtype seed".split(),
-        REFUSED,
-    ),
-    **dict.fromkeys(["batch_size", "global_batch_size"], DERIVED),
-    **dict.fromkeys(
-        "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
-        "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite timeout strategy".split(),
-        APPLIED,
-    ),
-}
-
-
-@dataclass
-class Position:
-    """Where training is; saved in every checkpoint so resume continues exactly here."""
-
-    step: int = 0  # optimizer steps done (global batches consumed); the epoch derives from it
-    best_val_loss: float = math.inf
-    metrics: dict[str, Any] = field(default_factory=dict)
-    eval_pending: bool = False  # a stop came before the evaluation due at `step` finished
-    # Training measured since the last evaluation (seconds, samples, steps, data_wait) and this
-    # rank's [loss sum, steps]: the next evaluation's record covers the whole window.
-    window: dict[str, Any] = field(default_factory=dict)
-
-
-class RunParts(NamedTuple):
-    """The stateful objects a training checkpoint saves and restores.
-
-    ``parallel`` (a ``refddp.parallel.Parallel``) holds the model: it gives and takes the full
-    model and optimizer state in one layout, whether the model is replicated (DDP) or sharded
-    (FSDP), so a checkpoint moves between strategies and world sizes.
-    """
-
-    parallel: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    scaler: torch.amp.GradScaler
-
-
-def run_global_batch(state: dict[str, Any]) -> int:
-    """The global batch of the run a checkpoint belongs to (older files: from its config)."""
-    if "global_batch" in state:
-        return int(state["global_batch"])
-    cfg = state["config"]
-    per_rank = cfg.get("batch_size", 128) * state["world_size"] * cfg.get("grad_accum", 1)
-    return int(cfg.get("global_batch_size") or per_rank)
-
-
-def refuse_changes(c: TrainConfig, state: dict[str, Any], path: str) -> None:
-    """One line for the first ``refused`` field this invocation changes."""
-    theirs = state["config"]
-    for name, rule in ON_RESUME.items():
-        if rule == REFUSED and name in theirs and theirs[name] != getattr(c, name):
-            raise CheckpointError(
-                f"{name}: the run being resumed from {path} has {theirs[name]!r}, this invocation "
-                f"{getattr(c, name)!r}; a resumed run cannot change it (to start a new run from "
-                f"its weights: --init-from {path} --out NEW_DIR)"
-            )
-
-
-def continue_run(
-    c: TrainConfig, state: dict[str, Any], path: str, explicit: set[str]
-) -> TrainConfig:
-    """The config of a training run resumed from ``state``; ``explicit``: fields the user set.
-
-    The run keeps its global batch: unless the user set a batch size, ``global_batch_size``
-    becomes the run's, so the per-rank batch follows any new world size or ``grad_accum``.
-    """
-    refuse_changes(c, state, path)
-    run = run_global_batch(state)
-    if "global_batch_size" in explicit:
-        if c.global_batch_size != run:
-            raise CheckpointError(
-                f"global_batch_size: {c.global_batch_size} would change the global batch of the "
-                f"run being resumed from {path} ({run}); omit it to keep {run}"
-            )
-        return c
-    if "batch_size" in explicit:  # checked against the world size by check_global_batch
-        return dataclasses.replace(c, global_batch_size=0)
-    return dataclasses.replace(c, global_batch_size=run)
-
-
-def check_global_batch(c: TrainConfig, world_size: int, state: dict[str, Any], path: str) -> None:
-    """Refuse, in one line, a resume whose global batch would differ from the run's."""
-    run = run_global_batch(state)
-    parts = world_size * c.grad_accum
-    if c.global_batch_size == run and run % parts:
-        raise CheckpointError(
-            f"{path}: the run's global batch {run} does not divide by {world_size} rank(s) x "
-            f"grad_accum {c.grad_accum} = {parts}; resume at a world size x grad_accum that does"
-        )
-    ours = per_rank_batch_size(c, world_size) * parts
-    if ours != run:
-        raise CheckpointError(
-            f"batch_size: {ours // parts} per rank x {world_size} rank(s) x grad_accum "
-            f"{c.grad_accum} = global batch {ours}, but the run being resumed from {path} has "
-            f"global batch {run}; omit batch_size to keep it"
-        )
-
-
-def build_state(
-    parts: RunParts,
-    pos: Position,
-    c: TrainConfig,
-    global_batch: int,
-    steps_per_epoch: int,
-    per_rank: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """A training checkpoint. ``per_rank``: every rank's ``{"rng": ..., "loss": [sum, n]}``."""
-    epoch, done = divmod(pos.step, steps_per_epoch)
-    return {
-        "format_version": FORMAT_VERSION,
-        "model_state_dict": parts.parallel.model_state_dict(),
-        "optimizer_state_dict": parts.parallel.optimizer_state_dict(parts.optimizer),
-        "scheduler_state_dict": parts.scheduler.state_dict(),
-        "scaler_state_dict": parts.scaler.state_dict(),
-        "epoch": epoch,
-        "step": pos.step,
-        "samples_in_epoch": done * global_batch,
-        "global_batch": global_batch,
-        "best_val_loss": pos.best_val_loss,
-        "eval_pending": pos.eval_pending,
-        "train_window": {**pos.window, "loss": [r["loss"] for r in per_rank]},
-        "world_size": len(per_rank),
-        "config": c.to_dict(),
-        "metrics": pos.metrics,
-        "rng_states": [r["rng"] for r in per_rank],
-    }
-
-
-def restore(
-    state: dict[str, Any],
-    path: str,
-    parts: RunParts,
-    c: TrainConfig,
-    rank: int,
-    world_size: int,
-    global_batch: int,
-    steps_per_epoch: int,
-) -> Position:
-    """Load ``state`` into ``parts`` and this rank's RNGs; the position to continue from.
-
-    Fields ``applied`` on resume (lr, weight_decay, momentum) replace the saved optimizer and
-    schedule values, so what config.yaml records is what runs.
-    """
-    refuse_changes(c, state, path)
-    check_global_batch(c, world_size, state, path)
-    step = state["step"]
-    samples = state["epoch"] * steps_per_epoch * global_batch + state.get("samples_in_epoch", 0)
-    if samples != step * global_batch:
-        raise CheckpointError(
-            f"{path}: step {step} at global batch {global_batch} is {step * global_batch} "
-            f"samples, but the checkpoint is at epoch {state['epoch']} after "
-            f"{state.get('samples_in_epoch', 0)} samples of {steps_per_epoch} steps each: "
-            "the training set changed; resume with the same data"
-        )
-    check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
-    parts.parallel.load_state(
-        clean_state_dict(state["model_state_dict"]), parts.optimizer, state["optimizer_state_dict"]
-    )
-    if state.get("scheduler_state_dict"):
-        parts.scheduler.load_state_dict(state["scheduler_state_dict"])
-    _apply_hyperparameters(parts, c)
-    parts.scaler.load_state_dict(state["scaler_state_dict"])
-    rng = state.get("rng_states") or []
-    if len(rng) == world_size:
-        set_rng_state(rng[rank])
-    else:  # another world size: a fresh, still deterministic, stream per rank
-        torch.manual_seed(c.seed + 7919 * step + rank)
-    window = dict(state.get("train_window") or {})
-    losses = window.pop("loss", [])
-    if len(losses) == world_size:
-        window["loss"] = losses[rank]
-    else:  # another world size: rank 0 carries the window's sums, as if it had run every step
-        sums = [sum(x[0] for x in losses), sum(x[1] for x in losses)] if losses else [0.0, 0.0]
-        window["loss"] = sums if rank == 0 else [0.0, 0.0]
-    return Position(
-        step=step,
-        best_val_loss=state.get("best_val_loss", math.inf),
-        metrics=state["metrics"],
-        eval_pending=state.get("eval_pending", False),
-        window=window,
-    )
-
-
-def _apply_hyperparameters(parts: RunParts, c: TrainConfig) -> None:
-    # load_state_dict restored the old run's lr (also as the schedule's base_lrs), weight_decay
-    # and momentum; this invocation's values replace them (identical floats when unchanged).
-    for group, factor in zip(parts.optimizer.param_groups, parts.scheduler.lr_lambdas, strict=True):
-        group["initial_lr"] = c.lr
-        group["lr"] = c.lr * factor(parts.scheduler.last_epoch)
-        group["weight_decay"] = c.weight_decay
-        if "momentum" in group:
-            group["momentum"] = c.momentum
-    parts.scheduler.base_lrs = [c.lr] * len(parts.optimizer.param_groups)
-    parts.scheduler._last_lr = [g["lr"] for g in parts.optimizer.param_groups]  # get_last_lr()

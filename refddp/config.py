@@ -87,6 +87,15 @@ class TrainConfig:
         "parameters, gradients and optimizer state sharded)",
         ("ddp", "fsdp"),
     )
+    ckpt_format: str = _opt(
+        "full",
+        "checkpoint format: full (checkpoint_latest.pth, one plain file gathered to rank 0 "
+        "that torch.load opens anywhere) or dcp (checkpoint_latest.dcp, a "
+        "torch.distributed.checkpoint directory each rank writes its own shards into, no "
+        "gather; needs an --out every rank sees; python -m refddp.convert_checkpoint makes a "
+        "full file of it)",
+        ("full", "dcp"),
+    )
     find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters (costs a graph walk)")
     compile: bool = _opt(False, "torch.compile the model")
     out: str = _opt("runs/default", "run directory", inherit=False)
@@ -316,10 +325,19 @@ def validate(c: TrainConfig) -> None:
         raise ConfigError("sync_bn: not supported with --strategy fsdp yet; use --strategy ddp")
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
-    if c.resume not in ("auto", "never") and not c.resume.endswith((".pt", ".pth")):
-        raise ConfigError(f"resume: expected auto, never or a .pt/.pth path, got {c.resume!r}")
-    if c.init_from and not c.init_from.endswith((".pt", ".pth")):
-        raise ConfigError(f"init_from: expected a .pt/.pth checkpoint path, got {c.init_from!r}")
+    if c.resume not in ("auto", "never") and not _is_checkpoint_path(c.resume):
+        raise ConfigError(
+            f"resume: expected auto, never, a .pt/.pth file or a .dcp directory, got {c.resume!r}"
+        )
+    if c.init_from and not _is_checkpoint_path(c.init_from):
+        raise ConfigError(
+            f"init_from: expected a .pt/.pth checkpoint file or a .dcp directory, "
+            f"got {c.init_from!r}"
+        )
+
+
+def _is_checkpoint_path(path: str) -> bool:
+    return path.rstrip("/").endswith((".pt", ".pth", ".dcp"))
 
 
 def per_rank_batch_size(c: TrainConfig, world_size: int) -> int:

@@ -172,10 +172,11 @@ class FullyShardedParallel(Parallel):
         if c.amp == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in fsdp_blocks(model):
+            if c.compile:
+                _compile_forward(block)
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        self.wrapped = model
-        self.module = torch.compile(model) if c.compile else model
+        self.wrapped = self.module = model
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(self.model)
@@ -233,6 +234,21 @@ class FullyShardedParallel(Parallel):
             p.to_local().numel() if hasattr(p, "to_local") else p.numel()
             for p in self.model.parameters()
         )
+
+
+def _compile_forward(block: nn.Module) -> None:
+    """torch.compile one FSDP unit's forward, which then runs between FSDP's hooks.
+
+    Compiling the whole model compiles nothing under FSDP2 (torch 2.13): its hooks break the
+    graph at every unit, and a unit that is a torch layer (``nn.Linear``) is never traced from
+    there. The forward is traced from this module's frame instead, so torch layers inline.
+    """
+    forward = block.forward
+
+    def unit_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    block.forward = torch.compile(unit_forward)  # type: ignore[method-assign]
 
 
 def runs_in_lockstep(model: nn.Module) -> bool:

@@ -16,6 +16,7 @@ import time
 import torch
 
 from refddp import checkpoint as ckpt
+from refddp import run_state
 from refddp.config import (
     ConfigError,
     TrainConfig,
@@ -58,7 +59,7 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, Resumed]:
         return base, None
     c = merge(cli, from_yaml, resumed[1]["config"])
     if c.task == "train":  # the same run goes on: refused changes fail, its global batch stays
-        c = ckpt.continue_run(c, resumed[1], resumed[0], explicit={*cli, *from_yaml})
+        c = run_state.continue_run(c, resumed[1], resumed[0], explicit={*cli, *from_yaml})
     return c, resumed
 
 
@@ -79,7 +80,7 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
             f"found {torch.cuda.device_count()}"
         )
     if resumed is not None and c.task == "train":
-        ckpt.check_global_batch(c, world_size, resumed[1], resumed[0])
+        run_state.check_global_batch(c, world_size, resumed[1], resumed[0])
     batch = per_rank_batch_size(c, world_size)
     if c.data == "synthetic":  # nothing to check but sizes; the ranks generate it
         n_train, n_val = c.train_size, c.val_size
@@ -100,7 +101,7 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         path, state = resumed
         ckpt.check_model_compatible(model, state["model_state_dict"], path)
     elif c.init_from and c.task == "train":
-        if not os.path.isfile(c.init_from):
+        if not os.path.exists(c.init_from):
             raise ConfigError(f"init_from: checkpoint not found: {c.init_from}")
         ckpt.check_model_compatible(
             model, ckpt.load_checkpoint(c.init_from)["model_state_dict"], c.init_from

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
+from refddp import checkpoint_dcp, run_state
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
@@ -159,8 +160,8 @@ class Trainer:
             self.optimizer, lr_factor(c, self.total_steps)
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
-        self.parts = ckpt.RunParts(self.parallel, self.optimizer, self.scheduler, self.scaler)
-        self.pos = ckpt.Position()
+        self.parts = run_state.RunParts(self.parallel, self.optimizer, self.scheduler, self.scaler)
+        self.pos = run_state.Position()
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
@@ -195,7 +196,7 @@ class Trainer:
                 log.info("initialised from the weights of %s", c.init_from)
             return None
         path, state = shared[0]
-        self.pos = ckpt.restore(state, path, self.parts, c, ctx.rank, ctx.world_size,
+        self.pos = run_state.restore(state, path, self.parts, c, ctx.rank, ctx.world_size,
                                 self.global_batch, self.sampler.steps_per_epoch)  # fmt: skip
         log.info("resumed from %s at epoch %d, step %d", path, self.epoch, self.pos.step)
         return path
@@ -215,9 +216,13 @@ class Trainer:
         self.pos.window["seconds"] = (
             self.window["seconds"] + time.perf_counter() - self.window["start"]
         )
-        state = ckpt.build_state(self.parts, self.pos, self.c, self.global_batch,
-                                 self.sampler.steps_per_epoch, per_rank)  # fmt: skip
-        rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
+        full = self.c.ckpt_format == "full"  # else dcp: each rank writes its shards
+        state = run_state.build_state(self.parts, self.pos, self.c, self.global_batch,
+                                 self.sampler.steps_per_epoch, per_rank, tensors=full)  # fmt: skip
+        if full:
+            rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
+        else:
+            checkpoint_dcp.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
         return self.agree(self.local_flags())[1]

@@ -152,3 +152,86 @@ def fit_signalled_during_save(out: str, save_step: int, **overrides) -> dict:
         return fit(out, **overrides)["result"]
     finally:
         checkpoint.write_checkpoint = write
+
+
+def fit_then_save_full(out: str, **overrides) -> int:
+    """``fit`` with ``ckpt_format=dcp``, then save the same state again in the full format:
+    two checkpoints of one run at one step (the RNG states too: saving draws no random
+    number). Returns the step."""
+    import dataclasses
+
+    c = tiny_config(out, ckpt_format="dcp", **overrides)
+    trainer = Trainer(c, init_distributed("cpu"))
+    result = trainer.fit()
+    trainer.c = dataclasses.replace(c, ckpt_format="full")
+    trainer.save()
+    return result["step"]
+
+
+def fit_full_weights(out: str, **overrides) -> dict:
+    """``fit``, returning the full (gathered) model and optimizer state on rank 0 whatever
+    the strategy (FSDP ranks hold shards)."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    result = trainer.fit()
+    return {
+        "weights": trainer.parallel.model_state_dict(),
+        "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
+        "step": result["step"],
+        "stopped_by": result["stopped_by"],
+    }
+
+
+def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
+    """``fit_full_weights``, with SIGTERM sent to ``signalled_rank`` alone right after its
+    step ``step`` (the other ranks learn of it at the next step's agreement)."""
+    import os
+    import signal
+
+    train_step = Trainer.train_step
+
+    def signalled(self, batches):
+        signum = train_step(self, batches)
+        if self.pos.step == step and dist.get_rank() == signalled_rank:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler only sets a flag
+        return signum
+
+    Trainer.train_step = signalled
+    try:
+        return fit_full_weights(out, **overrides)
+    finally:
+        Trainer.train_step = train_step
+
+
+def fit_with_a_failing_dcp_save(out: str, failing_save: int, **overrides) -> str:
+    """``fit`` with ``ckpt_format=dcp``, its ``failing_save``-th save failing on rank 0 after
+    every rank wrote its shards (as a full disk would, while writing DCP's .metadata).
+    Returns the error the trainer raised."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from refddp.checkpoint import RunFileError
+
+    finish, saves = FileSystemWriter.finish, []
+
+    def failing_finish(self, metadata, results):  # DCP calls it on rank 0 only
+        saves.append(self.path)
+        if len(saves) == failing_save:
+            raise OSError(28, "No space left on device")
+        return finish(self, metadata, results)
+
+    FileSystemWriter.finish = failing_finish
+    try:
+        fit(out, ckpt_format="dcp", **overrides)
+    except RunFileError as exc:
+        return str(exc)
+    finally:
+        FileSystemWriter.finish = finish
+    return "no error"
+
+
+def fit_counting_compiled_graphs(out: str, **overrides) -> dict:
+    """``fit_full_weights``, with the number of graphs torch.compile compiled meanwhile."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    result = fit_full_weights(out, **overrides)
+    return {**result, "graphs": counters["stats"]["unique_graphs"] - before}

@@ -32,6 +32,7 @@ _COLLECTIVES = (
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
+    "all_gather_single",  # FSDP2's parameter all-gather (torch 2.13)
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
@@ -47,6 +48,7 @@ _COLLECTIVES = (
     "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",  # FSDP2's gradient reduce-scatter (torch 2.13)
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import refddp
+from refddp import checkpoint_dcp
 from refddp.testing.gpus import gpu_skip_reason
 from tests.cli_runs import REPO
 from tests.rank_tasks import nccl_gradients, nccl_rank_sum
@@ -147,3 +149,54 @@ def test_nccl_flight_recorder_is_wired_for_the_trainer(tmp_path):
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.split() == ["1", str(tmp_path / "nccl_trace_rank_")], out.stderr
+
+
+# -- FSDP (--strategy fsdp) on GPUs: NCCL, bf16, both checkpoint formats ----------------------
+
+
+def weights_of(out):
+    """The model of the latest checkpoint, full format or dcp (read whole, on the CPU)."""
+    dcp_latest = Path(out) / "checkpoints" / checkpoint_dcp.LATEST
+    if dcp_latest.exists():
+        state = checkpoint_dcp.load_full(checkpoint_dcp.load_run_state(str(dcp_latest)))
+        return state["model_state_dict"]
+    return latest(out)["model_state_dict"]
+
+
+def test_fsdp_with_bf16_on_two_gpus_learns_and_saves_a_checkpoint_a_bare_model_loads(tmp_path):
+    needs_gpus(2)
+    train(tmp_path, "--device", "cuda", "--nproc", 2, "--strategy", "fsdp", "--amp", "bf16")
+    history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["val_acc"] > 0.8
+    state = latest(tmp_path)
+    assert state["world_size"] == 2
+    assert all(v.device.type == "cpu" for v in state["model_state_dict"].values())
+    refddp.build_model(state["config"]).load_state_dict(state["model_state_dict"])  # strict
+
+
+@pytest.mark.parametrize("ckpt_format", ["full", "dcp"])
+def test_fsdp_resume_on_gpus_is_bit_identical(tmp_path, ckpt_format):
+    needs_gpus(2)
+    flags = ["--device", "cuda", "--nproc", 2, "--strategy", "fsdp", "--deterministic",
+             "--ckpt-every", 5, "--ckpt-format", ckpt_format]  # fmt: skip
+    train(tmp_path / "straight", *flags)
+    train(tmp_path / "stopped", *flags, "--stop-after", 7)
+    train(tmp_path / "stopped", *flags)
+    a, b = weights_of(tmp_path / "straight"), weights_of(tmp_path / "stopped")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_fsdp_dcp_checkpoint_written_on_gpus_resumes_on_cpu(tmp_path):
+    needs_gpus(2)
+    flags = ["--nproc", 2, "--strategy", "fsdp", "--ckpt-format", "dcp"]
+    train(tmp_path, "--device", "cuda", *flags, "--epochs", 1)
+    train(tmp_path, "--device", "cpu", *flags, "--epochs", 2)
+    assert len(weights_of(tmp_path)) > 0
+    assert '"epoch": 2' in (tmp_path / "history.jsonl").read_text()
+
+
+def test_fsdp_with_torch_compile_on_two_gpus(tmp_path):
+    needs_gpus(2)
+    train(tmp_path, "--device", "cuda", "--nproc", 2, "--strategy", "fsdp", "--compile")
+    assert not any(k.startswith("_orig_mod") for k in latest(tmp_path)["model_state_dict"])

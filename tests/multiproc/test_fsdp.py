@@ -5,11 +5,19 @@ not change: float64 weights equal DDP's within rounding, checkpoints are plain f
 a bare model loads, and a run resumes across strategies and world sizes.
 """
 
+import signal
+
 import pytest
 import torch
 
 import refddp
+from refddp import checkpoint_dcp
 from tests.multiproc.test_resume import assert_same_weights, only_error_line
+from tests.rank_tasks import (
+    fit_counting_compiled_graphs,
+    fit_full_weights,
+    fit_signalled_after_step,
+)
 
 STEPS_CLOSE = {"rtol": 1e-9, "atol": 1e-12}  # float64: reduction order only
 
@@ -75,3 +83,41 @@ def test_fsdp_with_fp16_is_refused_in_one_line(run_cli, tiny):
     run = run_cli("--nproc", 2, "--strategy", "fsdp", "--amp", "fp16", out="x", check=False, **flags)
     assert run.returncode == 2
     assert "fp16" in only_error_line(run.stderr) and "fsdp" in run.stderr
+
+
+def test_sigterm_to_one_fsdp_rank_stops_every_rank_at_the_same_step_and_resumes_exactly(
+    spawn, tmp_path
+):
+    flags = dict(strategy="fsdp", ckpt_format="dcp")
+    straight = spawn(fit_full_weights, str(tmp_path / "straight"), **flags)[0]
+    out = str(tmp_path / "run")
+    stopped = spawn(fit_signalled_after_step, out, 5, 1, **flags)  # rank 1 alone, after step 5
+    assert [(r["step"], r["stopped_by"]) for r in stopped] == [(6, signal.SIGTERM)] * 2
+    resumed = spawn(fit_full_weights, out, **flags)[0]
+    assert resumed["step"] == straight["step"] == 24
+    assert_same_weights(resumed["weights"], straight["weights"])  # bit for bit
+
+
+@pytest.mark.slow  # an elastic restart: ~25 s alone, ~60 s on a loaded 2-core machine
+def test_a_sigkilled_fsdp_rank_is_restarted_from_its_dcp_checkpoint_bit_identically(run_cli, tiny):
+    flags = {**tiny, "epochs": 3, "ckpt_every": 4, "strategy": "fsdp"}  # 6 steps per epoch
+    straight = run_cli("--nproc", 2, out="straight", **flags)
+    killed = run_cli("--nproc", 2, "--max-restarts", 1, "--model", "tests.user_code:killed_mlp",
+                     "--ckpt-format", "dcp", out="killed", env={"REFDDP_TEST_KILL_AT": "11"},
+                     **flags)  # fmt: skip
+    # Killed during step 11: the restarted ranks resume from the dcp checkpoint of step 8.
+    assert "resumed from" in killed.stderr and "at epoch 1, step 8" in killed.stderr
+    latest = killed.out / "checkpoints" / checkpoint_dcp.LATEST
+    state = checkpoint_dcp.load_full(checkpoint_dcp.load_run_state(str(latest)))
+    assert state["step"] == 18
+    assert_same_weights(state["model_state_dict"], straight.weights())  # bit for bit
+
+
+@pytest.mark.slow  # inductor compiles each FSDP unit: ~20 s
+def test_fsdp_with_torch_compile_trains_like_eager(spawn, tmp_path):
+    flags = dict(strategy="fsdp", epochs=1)
+    eager = spawn(fit_counting_compiled_graphs, str(tmp_path / "eager"), **flags)[0]
+    compiled = spawn(fit_counting_compiled_graphs, str(tmp_path / "compiled"), compile=True,
+                     **flags)[0]  # fmt: skip
+    assert eager["graphs"] == 0 and compiled["graphs"] > 0
+    assert_same_weights(compiled["weights"], eager["weights"], **STEPS_CLOSE)

@@ -18,6 +18,7 @@ from refddp.dist import DistContext
 from refddp.models import build_model
 from refddp.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
 from refddp.testing.collectives import process_group_sequence
+from tests.rank_tasks import fit_recording_collectives
 
 CONFIG = {"input_dim": 8, "hidden_size": 16, "depth": 3, "num_classes": 3, "dtype": "float64"}
 
@@ -168,3 +169,19 @@ def test_fsdp_accumulation_skips_the_gradient_reduce_scatter(spawn):
     counts = spawn(collectives_per_micro_batch, world_size=2)[0]
     # One reduce-scatter per FSDP unit, and only when the gradient is synchronised.
     assert counts["sync"] - counts["no_sync"] == counts["units"], counts
+
+
+@pytest.mark.parametrize("ckpt_format", ["full", "dcp"])
+def test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last_eval_shard(
+    spawn, tmp_path, ckpt_format
+):
+    # val_size 37 at 3 ranks x batch 4: shards of 13, 12 and 12 samples, 4, 3 and 3 batches;
+    # every FSDP forward gathers parameters, so every rank must run 4 (lockstep eval).
+    runs = spawn(fit_recording_collectives, str(tmp_path), strategy="fsdp", val_size=37,
+                 ckpt_format=ckpt_format, max_steps=4, ckpt_every=3, world_size=3)  # fmt: skip
+    logs = [r["log"] for r in runs]
+    assert logs[0] == logs[1] == logs[2]
+    kinds = {entry.split("(")[0] for entry in logs[0]}
+    # FSDP's own all-gathers and reduce-scatters are among the collectives checked and compared.
+    assert {"all_gather_single", "reduce_scatter_single", "broadcast_object_list"} <= kinds, kinds
+    assert len({r["sequence"] for r in runs}) == 1

@@ -23,9 +23,12 @@ class Mutant:
 
 DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
 CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
+RUN_STATE = "refddp/run_state.py"
 SYNC_BN, PARALLEL = "refddp/sync_batchnorm.py", "refddp/parallel.py"
 T_PARALLEL, T_FSDP = "tests/multiproc/test_parallel.py", "tests/multiproc/test_fsdp.py"
 T_DATA = "tests/unit/test_data.py"
+CKPT_DCP, T_DCP = "refddp/checkpoint_dcp.py", "tests/multiproc/test_checkpoint_dcp.py"
+T_CONVERT = "tests/unit/test_convert_checkpoint.py"
 T_CLI = "tests/multiproc/test_cli.py"
 T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
 T_MODELS = "tests/multiproc/test_realistic_models.py"
@@ -95,8 +98,8 @@ MUTANTS = (
         (f"{T_TRAINER}::test_after_fit_every_rank_holds_the_saved_parameters_and_buffers",),
     ),
     Mutant(
-        "rng-not-restored", "RNG restore (dropout)", CKPT,
-        "        set_rng_state(rng[rank])", "        pass",
+        "rng-not-restored", "RNG restore (dropout)", RUN_STATE,
+        "        ckpt.set_rng_state(rng[rank])", "        pass",
         (f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
          "_bit_identical",),
     ),
@@ -125,12 +128,12 @@ MUTANTS = (
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "scheduler-not-restored", "scheduler restore", CKPT,
+        "scheduler-not-restored", "scheduler restore", RUN_STATE,
         'parts.scheduler.load_state_dict(state["scheduler_state_dict"])', "pass",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "scaler-not-restored", "scaler restore", CKPT,
+        "scaler-not-restored", "scaler restore", RUN_STATE,
         'parts.scaler.load_state_dict(state["scaler_state_dict"])', "pass",
         (f"{T_TRAINER}::test_fp16_scaler_state_survives_checkpoint_and_resume",),
     ),
@@ -262,5 +265,60 @@ MUTANTS = (
         'pool = sys.modules.get("refddp.testing.pool")', "import refddp.testing.pool as pool",
         ("tests/unit/test_plugin.py"
          "::test_a_session_without_distributed_tests_never_imports_torch",),
+    ),
+    Mutant(
+        "dcp-optimizer-not-restored", "exact resume from a dcp checkpoint", CKPT_DCP,
+        "dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))",
+        'dcp.load(_flat(model_state, {"state": {}}), storage_reader=_SafeReader(state[KEY]))',
+        (f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical",),
+    ),
+    Mutant(
+        "dcp-drops-run-state", "a dcp checkpoint carries the full format's run state", CKPT_DCP,
+        "_publish({**state, LAYOUT: layout}, directory, tmp, is_best)",
+        '_publish({**state, "rng_states": [], "samples_in_epoch": 0, LAYOUT: layout}, '
+        "directory, tmp, is_best)",
+        (f"{T_DCP}::test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run",
+         f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical"),
+    ),
+    Mutant(
+        "dcp-written-in-place", "atomic dcp checkpoints", CKPT_DCP,
+        "tmp = os.path.join(directory, f\".checkpoint_step{state['step']:08d}.dcp.tmp\")",
+        "tmp = os.path.join(directory, LATEST)",
+        (f"{T_DCP}::test_a_failed_dcp_save_leaves_latest_on_the_previous_complete_checkpoint",),
+    ),
+    Mutant(
+        "dcp-metadata-unpickled-freely", "loading a dcp checkpoint runs no code", CKPT_DCP,
+        "metadata = _MetadataUnpickler(f).load()", "metadata = pickle.load(f)",
+        (f"{T_CONVERT}::test_a_metadata_file_that_would_run_code_is_refused_and_runs_nothing",),
+    ),
+    Mutant(
+        "converter-drops-a-key", "the converter writes the full format exactly", CKPT_DCP,
+        "if k not in (KEY, LAYOUT)}", 'if k not in (KEY, LAYOUT, "scheduler_state_dict")}',
+        (f"{T_DCP}::test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run",),
+    ),
+    Mutant(
+        "fsdp-eval-not-in-lockstep", "every FSDP rank issues the same collectives", EVALUATION,
+        "lockstep = runs_in_lockstep(model)", "lockstep = False",
+        (f"{T_PARALLEL}::test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last"
+         "_eval_shard",),
+    ),
+    Mutant(
+        "fingerprint-misses-fsdp", "the fingerprint checks FSDP2's own collectives", COLLECTIVES,
+        '    "all_gather_single",  # FSDP2\'s parameter all-gather (torch 2.13)\n', "",
+        (f"{T_PARALLEL}::test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last"
+         "_eval_shard",),
+    ),
+    Mutant(
+        "fsdp-ranks-decide-alone", "every FSDP rank stops at the same step", PARALLEL,
+        "    def agree(self, flags: torch.Tensor) -> torch.Tensor:\n"
+        "        return _all_reduce_sum(flags)",
+        "    def agree(self, flags: torch.Tensor) -> torch.Tensor:\n        return flags",
+        (f"{T_FSDP}::test_sigterm_to_one_fsdp_rank_stops_every_rank_at_the_same_step_and"
+         "_resumes_exactly",),
+    ),
+    Mutant(
+        "fsdp-compile-ignored", "--compile compiles under FSDP", PARALLEL,
+        "                _compile_forward(block)", "                pass",
+        (f"{T_FSDP}::test_fsdp_with_torch_compile_trains_like_eager",),
     ),
 )

@@ -1,8 +1,9 @@
-"""The run-state rules of refddp/checkpoint.py: what a resumed run may change, and its batch."""
+"""The run-state rules of refddp/run_state.py: what a resumed run may change, and its batch."""
 
 import pytest
 
-from refddp import checkpoint as ckpt
+from refddp import run_state
+from refddp.checkpoint import CheckpointError
 from refddp.config import FIELDS, TrainConfig
 
 
@@ -13,27 +14,27 @@ def saved(**config):
 
 def test_every_run_field_has_a_rule_for_resume():
     run_fields = {name for name, f in FIELDS.items() if f.metadata["inherit"]}
-    assert set(ckpt.ON_RESUME) == run_fields
-    assert set(ckpt.ON_RESUME.values()) == {ckpt.APPLIED, ckpt.REFUSED, ckpt.DERIVED}
+    assert set(run_state.ON_RESUME) == run_fields
+    assert set(run_state.ON_RESUME.values()) == {run_state.APPLIED, run_state.REFUSED, run_state.DERIVED}
 
 
 def test_a_resumed_run_keeps_its_global_batch_unless_a_batch_size_is_given():
     state = saved()
-    kept = ckpt.continue_run(TrainConfig(batch_size=8), state, "c.pth", explicit=set())
+    kept = run_state.continue_run(TrainConfig(batch_size=8), state, "c.pth", explicit=set())
     assert kept.global_batch_size == 8
-    ckpt.check_global_batch(kept, 2, state, "c.pth")  # 4 per rank at world size 2
-    given = ckpt.continue_run(TrainConfig(batch_size=4), state, "c.pth", explicit={"batch_size"})
-    ckpt.check_global_batch(given, 2, state, "c.pth")
-    with pytest.raises(ckpt.CheckpointError, match=r"= global batch 16, but .* has global batch 8"):
-        ckpt.check_global_batch(given, 4, state, "c.pth")
+    run_state.check_global_batch(kept, 2, state, "c.pth")  # 4 per rank at world size 2
+    given = run_state.continue_run(TrainConfig(batch_size=4), state, "c.pth", explicit={"batch_size"})
+    run_state.check_global_batch(given, 2, state, "c.pth")
+    with pytest.raises(CheckpointError, match=r"= global batch 16, but .* has global batch 8"):
+        run_state.check_global_batch(given, 4, state, "c.pth")
 
 
 def test_a_refused_field_names_both_values():
-    with pytest.raises(ckpt.CheckpointError, match=r"^optimizer: .* has 'adamw', this .* 'sgd'"):
-        ckpt.continue_run(TrainConfig(optimizer="sgd"), saved(), "c.pth", explicit={"optimizer"})
+    with pytest.raises(CheckpointError, match=r"^optimizer: .* has 'adamw', this .* 'sgd'"):
+        run_state.continue_run(TrainConfig(optimizer="sgd"), saved(), "c.pth", explicit={"optimizer"})
 
 
 def test_an_applied_field_may_change():
     state = saved()
-    c = ckpt.continue_run(TrainConfig(lr=0.5), state, "c.pth", explicit={"lr"})
+    c = run_state.continue_run(TrainConfig(lr=0.5), state, "c.pth", explicit={"lr"})
     assert c.lr == 0.5

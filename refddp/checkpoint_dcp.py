@@ -1,0 +1,279 @@
+"""Sharded checkpoints (``--ckpt-format dcp``): every rank writes its own shards, nothing is
+gathered to one process.
+
+A dcp checkpoint is one directory, ``checkpoints/checkpoint_stepNNNNNNNN[-K].dcp``, holding:
+
+- the tensors, written by ``torch.distributed.checkpoint`` (DCP): the model's parameters and
+  buffers under ``model/FQN`` and the optimizer's state under ``optim/FQN/NAME`` (clean FQNs,
+  the full format's model keys). Under FSDP each rank writes its shards; under DDP DCP writes
+  each replicated tensor once;
+- ``run_state.pth``: everything else a full checkpoint holds (``run_state.build_state``
+  without the tensors: step, sampler position, RNG states, scheduler, scaler, config, the
+  optimizer's ``param_groups``), plus the parameter order that maps ``optim/FQN`` back to
+  the optimizer's indices. A plain file that ``torch.load(weights_only=True)`` opens.
+
+Atomic like the plain file: every rank writes into a temporary directory, rank 0 adds
+``run_state.pth`` last, fsyncs and renames the directory; then ``checkpoint_latest.dcp``
+(and ``checkpoint_previous.dcp``, ``checkpoint_best.dcp``) are symbolic links replaced with
+``os.replace``, so "latest" only ever names a complete checkpoint.
+
+Loading runs no code: DCP reads its ``.metadata`` with a plain ``pickle.load`` and non-tensor
+entries with ``torch.load(weights_only=False)`` (torch 2.13). refddp reads the metadata with
+an allow-list unpickler (DCP's own metadata classes, torch sizes and dtypes only) and puts no
+non-tensor object into DCP; a checkpoint that holds one is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import shutil
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.metadata as _METADATA
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+from refddp import checkpoint as ckpt
+from refddp.dist import rank0_then_meet
+
+if TYPE_CHECKING:
+    from refddp.run_state import RunParts
+
+LATEST, PREVIOUS, BEST = (
+    "checkpoint_latest.dcp", "checkpoint_previous.dcp", "checkpoint_best.dcp",
+)  # fmt: skip
+RUN_STATE = "run_state.pth"
+RUN_STATE_KEYS = tuple(k for k in ckpt.REQUIRED_KEYS if k != "model_state_dict")
+KEY = "dcp_checkpoint"  # in a loaded run state: the directory its tensors are in
+LAYOUT = "dcp_parameters"  # in run_state.pth: parameter FQNs in the optimizer's index order
+_STEP_DIR = re.compile(r"^checkpoint_step\d{8}(-\d+)?\.dcp$")
+_TEMP_DIR = re.compile(r"^\.checkpoint_step\d{8}\.dcp\.tmp$")
+
+
+# -- reading without running code -----------------------------------------------------------
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's ``.metadata``, with only the classes DCP's metadata is made of."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        # No dotted names: "metadata.torch.load" would reach any function through a module.
+        allowed = "." not in name and (
+            (module, name) in _ALLOWED
+            or (module == _METADATA.__name__ and _defined_in(_METADATA, name))
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} was not an allowed global")
+        return super().find_class(module, name)
+
+
+def _defined_in(module: Any, name: str) -> bool:
+    value = getattr(module, name, None)
+    return isinstance(value, type) and value.__module__ == module.__name__
+
+
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class _SafeReader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with open(os.path.join(self.path, ".metadata"), "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def read_metadata(path: str) -> Metadata:
+    """The checkpoint's DCP metadata; a missing, corrupt or code-carrying one is one line."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise ckpt.CheckpointError(f"{path}: not a dcp checkpoint (no .metadata in it)")
+    try:
+        metadata = _SafeReader(path).read_metadata()
+    except pickle.UnpicklingError as exc:
+        raise ckpt.CheckpointError(
+            f"{path}: refused: its .metadata needs pickled code to load ({exc})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - truncated, not a pickle, ...: all "corrupt"
+        reason = type(exc).__name__
+        raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata ({reason})") from None
+    if not isinstance(metadata, Metadata):
+        raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata (not DCP metadata)")
+    objects = [k for k, v in metadata.state_dict_metadata.items()
+               if not isinstance(v, TensorStorageMetadata)]  # fmt: skip
+    if objects:
+        raise ckpt.CheckpointError(
+            f"{path}: refused: it holds pickled objects ({', '.join(objects[:3])}), which "
+            "refddp does not load"
+        )
+    return metadata
+
+
+def load_run_state(path: str) -> dict[str, Any]:
+    """A dcp checkpoint as ``load_checkpoint`` returns a full one, without reading a tensor:
+    ``model_state_dict`` holds meta tensors of the saved shapes (enough to check the model
+    fits); ``restore`` and ``load_full`` read the tensors."""
+    metadata = read_metadata(path)
+    if not os.path.isfile(os.path.join(path, RUN_STATE)):
+        raise ckpt.CheckpointError(f"{path}: not a refddp dcp checkpoint (no {RUN_STATE} in it)")
+    state = ckpt.load_checkpoint(os.path.join(path, RUN_STATE), RUN_STATE_KEYS)
+    state["model_state_dict"] = {
+        key.split("/", 1)[1]: torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model/")
+    }
+    state[KEY] = path
+    return state
+
+
+def load_full(state: dict[str, Any]) -> dict[str, Any]:
+    """The full-format checkpoint of a dcp run state, read in this process alone (no process
+    group, any world size): the plain dict a ``checkpoint_latest.pth`` would hold."""
+    path = state[KEY]
+    metadata = read_metadata(path)
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=True)
+    full = {k: v for k, v in state.items() if k not in (KEY, LAYOUT)}
+    full["model_state_dict"] = {
+        key.split("/", 1)[1]: tensors[key] for key in state[LAYOUT]["model"]
+    }
+    index = {name: i for i, name in enumerate(state[LAYOUT]["parameters"])}
+    optim: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim/"):
+            fqn, name = key[len("optim/") :].rsplit("/", 1)
+            optim.setdefault(index[fqn], {})[name] = value
+    full["optimizer_state_dict"] = {
+        "state": dict(sorted(optim.items())),
+        "param_groups": state["optimizer_state_dict"]["param_groups"],
+    }
+    return full
+
+
+# -- every rank: its shards -----------------------------------------------------------------
+
+
+def _sharded(parallel: Any, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """This rank's model and optimizer state (DTensor shards under FSDP), keyed by clean FQN."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(parallel.model, optimizer)
+
+
+def _flat(model_state: dict[str, Any], optim_state: dict[str, Any]) -> dict[str, Any]:
+    flat = {f"model/{k}": v for k, v in model_state.items()}
+    for fqn, values in optim_state["state"].items():
+        flat.update({f"optim/{fqn}/{name}": v for name, v in values.items()})
+    return flat
+
+
+def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> str:
+    """Save a dcp checkpoint: a collective, every rank calls it with the same ``state`` (a
+    ``build_state(..., tensors=False)``); rank 0 writes the run state and the links."""
+    directory = ckpt.checkpoint_dir(out)
+    tmp = os.path.join(directory, f".checkpoint_step{state['step']:08d}.dcp.tmp")
+    rank0_then_meet(lambda: _prepare(directory))
+    model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
+    try:
+        dcp.save(_flat(model_state, optim_state),
+                 storage_writer=FileSystemWriter(tmp, sync_files=True))  # fmt: skip
+    except CheckpointException as exc:  # every rank gets it
+        raise ckpt.RunFileError(f"cannot write checkpoint {tmp} ({_first(exc)})") from None
+    names = [name for name, _ in parts.parallel.model.named_parameters()]
+    layout = {"model": [f"model/{k}" for k in model_state], "parameters": names}
+    return rank0_then_meet(lambda: _publish({**state, LAYOUT: layout}, directory, tmp, is_best))
+
+
+def _first(exc: CheckpointException) -> str:
+    """The first failed rank and its error, in a few words."""
+    rank, (error, _) = next(iter(exc.failures.items()))
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return f"rank {rank}: " + (reason.strip().splitlines()[0] if reason.strip() else repr(error))
+
+
+def _prepare(directory: str) -> None:
+    with ckpt.writing(directory):
+        os.makedirs(directory, exist_ok=True)
+        ckpt.remove_stale_temp_files(directory)
+        for name in os.listdir(directory):  # a temporary directory is only ever a dead one's
+            if _TEMP_DIR.match(name):
+                shutil.rmtree(os.path.join(directory, name))
+
+
+def _publish(state: dict[str, Any], directory: str, tmp: str, is_best: bool) -> str:
+    """Rank 0: complete the checkpoint, rename it into place, point the links at it."""
+    ckpt.save_atomic(state, os.path.join(tmp, RUN_STATE))
+    step, n = f"checkpoint_step{state['step']:08d}", 0
+    final = os.path.join(directory, f"{step}.dcp")
+    while os.path.exists(final):  # the same step saved again (a pending evaluation, say)
+        n += 1
+        final = os.path.join(directory, f"{step}-{n}.dcp")
+    with ckpt.writing(f"checkpoint {final}"):
+        os.rename(tmp, final)
+        latest = os.path.join(directory, LATEST)
+        if os.path.islink(latest):
+            _point(os.path.join(directory, PREVIOUS), os.readlink(latest))
+        _point(latest, os.path.basename(final))
+        if is_best:
+            _point(os.path.join(directory, BEST), os.path.basename(final))
+        _remove_unlinked(directory)
+        ckpt._fsync_dir(directory)
+    return latest
+
+
+def _point(link: str, target: str) -> None:
+    tmp = ckpt._temp_name(link)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _remove_unlinked(directory: str) -> None:
+    """Delete step directories no link names any more (older checkpoints)."""
+    kept = {os.readlink(os.path.join(directory, link)) for link in (LATEST, PREVIOUS, BEST)
+            if os.path.islink(os.path.join(directory, link))}  # fmt: skip
+    for name in os.listdir(directory):
+        if _STEP_DIR.match(name) and name not in kept:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def restore_tensors(state: dict[str, Any], parts: RunParts) -> None:
+    """Read the model and optimizer tensors of a dcp checkpoint into ``parts``: a collective.
+    DCP reads each rank's own shards, resharding when the world size changed."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
+    try:
+        dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))
+    except CheckpointException as exc:  # every rank gets it
+        reason = _first(exc)
+        raise ckpt.CheckpointError(f"{state[KEY]}: cannot read its tensors ({reason})") from None
+    names = [name for name, _ in parts.parallel.model.named_parameters()]
+    groups = [{**g, "params": [names[i] for i in g["params"]]}
+              for g in state["optimizer_state_dict"]["param_groups"]]  # fmt: skip
+    optim = {"state": optim_state["state"], "param_groups": groups}
+    set_state_dict(parts.parallel.model, parts.optimizer, model_state_dict=model_state,
+                   optim_state_dict=optim)  # fmt: skip

@@ -1,0 +1,244 @@
+"""The run state a training checkpoint carries, and continuing a run from it.
+
+Which keys a checkpoint holds besides the model (``build_state``), how they are loaded back
+into the model, optimizer, schedule, scaler, RNGs and position (``restore``), and what a
+resumed run may change (``ON_RESUME``). Both checkpoint formats share it: the plain file
+(``refddp/checkpoint.py``) and the sharded directory (``refddp/checkpoint_dcp.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from refddp import checkpoint as ckpt
+from refddp.config import TrainConfig, per_rank_batch_size
+
+# What a resumed run may change, per run field of TrainConfig (tests/unit/test_checkpoint.py
+# checks that every field is listed). Fields that describe one invocation (task, out, resume,
+# nproc, stop_after, init_from, ...) are never taken from a checkpoint and are not listed.
+#   applied: the new value is in effect from the first resumed step, and config.yaml records it.
+#   refused: a different value is a usage error before any rank starts: it would be another run.
+#   derived: the run's global batch is kept; the per-rank batch follows the new world size and
+#            grad_accum. A batch_size/global_batch_size that would change it is refused.
+APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
+ON_RESUME = {
+    **dict.fromkeys(
+        "model data train_size val_size input_dim num_classes hidden_size depth dropout "
+        "augment sync_bn optimizer amp dtype seed".split(),
+        REFUSED,
+    ),
+    **dict.fromkeys(["batch_size", "global_batch_size"], DERIVED),
+    **dict.fromkeys(
+        "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
+        "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
+        "eval_every on_nonfinite timeout strategy ckpt_format".split(),
+        APPLIED,
+    ),
+}
+
+
+@dataclass
+class Position:
+    """Where training is; saved in every checkpoint so resume continues exactly here."""
+
+    step: int = 0  # optimizer steps done (global batches consumed); the epoch derives from it
+    best_val_loss: float = math.inf
+    metrics: dict[str, Any] = field(default_factory=dict)
+    eval_pending: bool = False  # a stop came before the evaluation due at `step` finished
+    # Training measured since the last evaluation (seconds, samples, steps, data_wait) and this
+    # rank's [loss sum, steps]: the next evaluation's record covers the whole window.
+    window: dict[str, Any] = field(default_factory=dict)
+
+
+class RunParts(NamedTuple):
+    """The stateful objects a training checkpoint saves and restores.
+
+    ``parallel`` (a ``refddp.parallel.Parallel``) holds the model: it gives and takes the full
+    model and optimizer state in one layout, whether the model is replicated (DDP) or sharded
+    (FSDP), so a checkpoint moves between strategies and world sizes.
+    """
+
+    parallel: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+
+
+def run_global_batch(state: dict[str, Any]) -> int:
+    """The global batch of the run a checkpoint belongs to (older files: from its config)."""
+    if "global_batch" in state:
+        return int(state["global_batch"])
+    cfg = state["config"]
+    per_rank = cfg.get("batch_size", 128) * state["world_size"] * cfg.get("grad_accum", 1)
+    return int(cfg.get("global_batch_size") or per_rank)
+
+
+def refuse_changes(c: TrainConfig, state: dict[str, Any], path: str) -> None:
+    """One line for the first ``refused`` field this invocation changes."""
+    theirs = state["config"]
+    for name, rule in ON_RESUME.items():
+        if rule == REFUSED and name in theirs and theirs[name] != getattr(c, name):
+            raise ckpt.CheckpointError(
+                f"{name}: the run being resumed from {path} has {theirs[name]!r}, this invocation "
+                f"{getattr(c, name)!r}; a resumed run cannot change it (to start a new run from "
+                f"its weights: --init-from {path} --out NEW_DIR)"
+            )
+
+
+def continue_run(
+    c: TrainConfig, state: dict[str, Any], path: str, explicit: set[str]
+) -> TrainConfig:
+    """The config of a training run resumed from ``state``; ``explicit``: fields the user set.
+
+    The run keeps its global batch: unless the user set a batch size, ``global_batch_size``
+    becomes the run's, so the per-rank batch follows any new world size or ``grad_accum``.
+    """
+    refuse_changes(c, state, path)
+    run = run_global_batch(state)
+    if "global_batch_size" in explicit:
+        if c.global_batch_size != run:
+            raise ckpt.CheckpointError(
+                f"global_batch_size: {c.global_batch_size} would change the global batch of the "
+                f"run being resumed from {path} ({run}); omit it to keep {run}"
+            )
+        return c
+    if "batch_size" in explicit:  # checked against the world size by check_global_batch
+        return dataclasses.replace(c, global_batch_size=0)
+    return dataclasses.replace(c, global_batch_size=run)
+
+
+def check_global_batch(c: TrainConfig, world_size: int, state: dict[str, Any], path: str) -> None:
+    """Refuse, in one line, a resume whose global batch would differ from the run's."""
+    run = run_global_batch(state)
+    parts = world_size * c.grad_accum
+    if c.global_batch_size == run and run % parts:
+        raise ckpt.CheckpointError(
+            f"{path}: the run's global batch {run} does not divide by {world_size} rank(s) x "
+            f"grad_accum {c.grad_accum} = {parts}; resume at a world size x grad_accum that does"
+        )
+    ours = per_rank_batch_size(c, world_size) * parts
+    if ours != run:
+        raise ckpt.CheckpointError(
+            f"batch_size: {ours // parts} per rank x {world_size} rank(s) x grad_accum "
+            f"{c.grad_accum} = global batch {ours}, but the run being resumed from {path} has "
+            f"global batch {run}; omit batch_size to keep it"
+        )
+
+
+def build_state(
+    parts: RunParts,
+    pos: Position,
+    c: TrainConfig,
+    global_batch: int,
+    steps_per_epoch: int,
+    per_rank: list[dict[str, Any]],
+    tensors: bool = True,
+) -> dict[str, Any]:
+    """A training checkpoint. ``per_rank``: every rank's ``{"rng": ..., "loss": [sum, n]}``.
+
+    ``tensors=False``: the run state of a sharded (dcp) checkpoint, whose model and optimizer
+    tensors each rank writes itself: no model state, and only the optimizer's param_groups.
+    """
+    epoch, done = divmod(pos.step, steps_per_epoch)
+    if tensors:
+        weights = {
+            "model_state_dict": parts.parallel.model_state_dict(),
+            "optimizer_state_dict": parts.parallel.optimizer_state_dict(parts.optimizer),
+        }
+    else:
+        groups = parts.optimizer.state_dict()["param_groups"]
+        weights = {"optimizer_state_dict": {"param_groups": groups}}
+    return {
+        "format_version": ckpt.FORMAT_VERSION,
+        **weights,
+        "scheduler_state_dict": parts.scheduler.state_dict(),
+        "scaler_state_dict": parts.scaler.state_dict(),
+        "epoch": epoch,
+        "step": pos.step,
+        "samples_in_epoch": done * global_batch,
+        "global_batch": global_batch,
+        "best_val_loss": pos.best_val_loss,
+        "eval_pending": pos.eval_pending,
+        "train_window": {**pos.window, "loss": [r["loss"] for r in per_rank]},
+        "world_size": len(per_rank),
+        "config": c.to_dict(),
+        "metrics": pos.metrics,
+        "rng_states": [r["rng"] for r in per_rank],
+    }
+
+
+def restore(
+    state: dict[str, Any],
+    path: str,
+    parts: RunParts,
+    c: TrainConfig,
+    rank: int,
+    world_size: int,
+    global_batch: int,
+    steps_per_epoch: int,
+) -> Position:
+    """Load ``state`` into ``parts`` and this rank's RNGs; the position to continue from.
+
+    Fields ``applied`` on resume (lr, weight_decay, momentum) replace the saved optimizer and
+    schedule values, so what config.yaml records is what runs.
+    """
+    refuse_changes(c, state, path)
+    check_global_batch(c, world_size, state, path)
+    step = state["step"]
+    samples = state["epoch"] * steps_per_epoch * global_batch + state.get("samples_in_epoch", 0)
+    if samples != step * global_batch:
+        raise ckpt.CheckpointError(
+            f"{path}: step {step} at global batch {global_batch} is {step * global_batch} "
+            f"samples, but the checkpoint is at epoch {state['epoch']} after "
+            f"{state.get('samples_in_epoch', 0)} samples of {steps_per_epoch} steps each: "
+            "the training set changed; resume with the same data"
+        )
+    ckpt.check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
+    if "dcp_checkpoint" in state:  # sharded: every rank reads its own shards
+        from refddp import checkpoint_dcp
+
+        checkpoint_dcp.restore_tensors(state, parts)
+    else:
+        model_state = ckpt.clean_state_dict(state["model_state_dict"])
+        parts.parallel.load_state(model_state, parts.optimizer, state["optimizer_state_dict"])
+    if state.get("scheduler_state_dict"):
+        parts.scheduler.load_state_dict(state["scheduler_state_dict"])
+    _apply_hyperparameters(parts, c)
+    parts.scaler.load_state_dict(state["scaler_state_dict"])
+    rng = state.get("rng_states") or []
+    if len(rng) == world_size:
+        ckpt.set_rng_state(rng[rank])
+    else:  # another world size: a fresh, still deterministic, stream per rank
+        torch.manual_seed(c.seed + 7919 * step + rank)
+    window = dict(state.get("train_window") or {})
+    losses = window.pop("loss", [])
+    if len(losses) == world_size:
+        window["loss"] = losses[rank]
+    else:  # another world size: rank 0 carries the window's sums, as if it had run every step
+        sums = [sum(x[0] for x in losses), sum(x[1] for x in losses)] if losses else [0.0, 0.0]
+        window["loss"] = sums if rank == 0 else [0.0, 0.0]
+    return Position(
+        step=step,
+        best_val_loss=state.get("best_val_loss", math.inf),
+        metrics=state["metrics"],
+        eval_pending=state.get("eval_pending", False),
+        window=window,
+    )
+
+
+def _apply_hyperparameters(parts: RunParts, c: TrainConfig) -> None:
+    # load_state_dict restored the old run's lr (also as the schedule's base_lrs), weight_decay
+    # and momentum; this invocation's values replace them (identical floats when unchanged).
+    for group, factor in zip(parts.optimizer.param_groups, parts.scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = c.lr
+        group["lr"] = c.lr * factor(parts.scheduler.last_epoch)
+        group["weight_decay"] = c.weight_decay
+        if "momentum" in group:
+            group["momentum"] = c.momentum
+    parts.scheduler.base_lrs = [c.lr] * len(parts.optimizer.param_groups)
+    parts.scheduler._last_lr = [g["lr"] for g in parts.optimizer.param_groups]  # get_last_lr()
