@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import datetime
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,9 @@ import torch.distributed as dist
 # would run on into interpreter shutdown, where they abort a finished run (issue 15's
 # "terminate called without an active exception"). Imported now, the defaults are None.
 import torch.distributed.nn.functional  # noqa: F401, E402
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 T = TypeVar("T")
 log = logging.getLogger("refddp")
@@ -123,6 +127,7 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
 
 
 _owns_group = False
+_meshes: list[DeviceMesh] = []  # made by device_mesh(); teardown() releases their group
 
 
 def enable_nccl_flight_recorder(dump_dir: str) -> None:
@@ -215,11 +220,30 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="refddp-parent-watch", daemon=True).start()
 
 
+def device_mesh(device_type: str, world_size: int) -> DeviceMesh:
+    """A 1-D device mesh over the default group, given explicitly (the default mesh picks the
+    accelerator's device type even on a gloo group); ``teardown`` lets go of its group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (world_size,))
+    _meshes.append(mesh)
+    return mesh
+
+
 def teardown() -> None:
-    """Leave the process group, if ``init_distributed`` created it."""
+    """Leave the process group, if ``init_distributed`` created it, and stop its threads."""
     global _owns_group
     if _owns_group and dist.is_initialized():
         dist.destroy_process_group()
+        for mesh in _meshes:
+            # torch 2.13: a mesh holds its group (``_pg_registry``), and DTensor's caches keep
+            # the mesh alive after the model is gone, so the destroyed group's gloo threads
+            # would run on into interpreter shutdown.
+            getattr(mesh, "_pg_registry", {}).clear()
+        # FSDP's modules and their state form reference cycles that still hold the group;
+        # collect them now rather than at some later allocation (or never, before exit).
+        gc.collect()
+    _meshes.clear()
     _owns_group = False
 
 
@@ -227,10 +251,9 @@ def end_process(main: Callable[[], int]) -> NoReturn:
     """Run a rank's ``main`` and end the process with its exit code, never in a native abort.
 
     ``teardown`` stops gloo's threads (see the import of ``torch.distributed.nn.functional``
-    above for what used to keep them alive after a DDP run). This is the second line of
-    defence, for the paths where that cannot be guaranteed: a group torch itself keeps alive
-    (FSDP2's device mesh does, measured with torch 2.13), a rank that fails while a collective
-    is in flight, a user's thread. A native thread still running while the interpreter
+    above, and ``teardown`` itself, for what used to keep them alive after a run). This is the
+    second line of defence, for the paths where that cannot be guaranteed: a rank that fails
+    while a collective is in flight, a group a user's code keeps, a user's thread. A native thread still running while the interpreter
     finalizes can abort a finished run (SIGABRT). So: run the exit handlers and flush while the
     interpreter is whole, then leave without finalization; the kernel stops every thread at
     once. An uncaught exception is printed and exits 1, like Python would.

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from refddp.config import TrainConfig
-from refddp.dist import DistContext
+from refddp.dist import DistContext, device_mesh
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -156,14 +156,12 @@ class FullyShardedParallel(Parallel):
     name = "fsdp"
 
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.model, self.ctx = model, ctx
         self._flags = _FlagHook(torch.device(ctx.device))  # unused: FSDP agrees apart
         device = torch.device(ctx.device)
-        # Never the default mesh: it picks the accelerator's device type even on a gloo group.
-        mesh = init_device_mesh(device.type, (ctx.world_size,))
+        mesh = device_mesh(device.type, ctx.world_size)
         # As DDP does at construction: every rank starts from rank 0's parameters and buffers
         # (init_from weights are read by rank 0 only).
         for tensor in model.state_dict().values():

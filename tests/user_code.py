@@ -155,23 +155,25 @@ def slow_eval_datasets(config):
 def mlp_reporting_native_threads_at_exit(config):
     """The demo MLP; at exit, each rank writes the names of its live native threads to
     ``$REFDDP_TEST_THREADS_DIR/rank<R>.txt``. Exit handlers run after the trainer's teardown,
-    where a native thread still alive would run on into interpreter shutdown."""
+    where a native thread still alive would run on into interpreter shutdown. (The launcher
+    also builds the model, to check it, before any group exists: it reports nothing.)"""
     import atexit
 
     from refddp.models import MLP
 
-    rank = dist.get_rank() if dist.is_initialized() else 0  # the group is gone at exit
-
-    def report() -> None:
-        tasks = os.listdir("/proc/self/task")
+    def report(rank: int) -> None:
         names = []
-        for task in tasks:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names.append(f.read().strip())
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
         path = os.path.join(os.environ["REFDDP_TEST_THREADS_DIR"], f"rank{rank}.txt")
         with open(path, "w") as f:
             f.write("\n".join(sorted(names)))
 
-    atexit.register(report)
+    if dist.is_initialized():  # a rank; the group is gone by exit time
+        atexit.register(report, dist.get_rank())
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     return model.to(getattr(torch, config.dtype))

@@ -146,14 +146,15 @@ def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc/self/task")
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_no_gloo_thread_outlives_the_process_group_after_a_ddp_run(run_cli, tiny, nproc,
-                                                                   tmp_path):
+@pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"), (2, "fsdp")])
+def test_no_gloo_thread_outlives_the_process_group_after_a_run(run_cli, tiny, nproc, strategy,
+                                                               tmp_path):
     """The root of the exit abort: after teardown, no gloo thread may be left running into
     interpreter shutdown. Exit handlers run after teardown; the model's handler lists the
     rank's native threads there."""
     flags = {**tiny, "model": "tests.user_code:mlp_reporting_native_threads_at_exit"}
-    run_cli("--nproc", nproc, env={"REFDDP_TEST_THREADS_DIR": str(tmp_path)}, **flags)
+    env = {"REFDDP_TEST_THREADS_DIR": str(tmp_path)}
+    run_cli("--nproc", nproc, "--strategy", strategy, env=env, **flags)
     for rank in range(nproc):
         threads = (tmp_path / f"rank{rank}.txt").read_text().split()
         assert "python" in threads  # the report ran

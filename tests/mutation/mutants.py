@@ -256,8 +256,21 @@ MUTANTS = (
         "group-held-by-default-args", "a finished run leaves no gloo thread at exit",
         "refddp/dist.py",
         "import torch.distributed.nn.functional  # noqa: F401, E402", "",
+        # In the trainer, refddp.checkpoint_dcp's imports happen to load it early too.
+        ("tests/unit/test_end_process.py::test_destroying_the_group_after_ddp_stops_gloo_threads",),
+    ),
+    Mutant(
+        "mesh-keeps-the-group", "a finished FSDP run leaves no gloo thread at exit",
+        "refddp/dist.py",
+        'getattr(mesh, "_pg_registry", {}).clear()', "pass",
         ("tests/multiproc/test_exit_codes.py"
-         "::test_no_gloo_thread_outlives_the_process_group_after_a_ddp_run",),
+         "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
+    ),
+    Mutant(
+        "group-left-to-cyclic-gc", "a finished FSDP run leaves no gloo thread at exit",
+        "refddp/dist.py", "        gc.collect()\n", "",
+        ("tests/multiproc/test_exit_codes.py"
+         "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
     ),
     Mutant(
         "plugin-imports-torch-at-session-end", "the plugin costs no torch import",

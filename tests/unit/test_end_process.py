@@ -14,7 +14,6 @@ from refddp.dist import end_process
 def main():
     atexit.register(lambda: print("exit handlers ran"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    # DDP keeps the group, so gloo's threads outlive destroy_process_group into the exit.
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     model(torch.ones(1, 2)).sum().backward()
     dist.destroy_process_group()
@@ -37,3 +36,29 @@ def test_end_process_runs_exit_handlers_flushes_and_keeps_the_exit_code(ending, 
     assert done.stdout.startswith("unflushed output") and "exit handlers ran" in done.stdout
     assert "terminate called" not in done.stderr
     assert ("KeyError: 'bug'" in done.stderr) == (code == 1)  # a bug keeps its traceback
+
+
+GROUP_FREED = """
+import gc, os, torch, torch.distributed as dist
+import refddp.dist  # what refddp's ranks import before they create a group
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))  # imports torch._dynamo
+model(torch.ones(1, 2)).sum().backward()
+del model
+gc.collect()
+dist.destroy_process_group()
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(sorted(t for t in threads if "gloo" in t))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/task")
+def test_destroying_the_group_after_ddp_stops_gloo_threads():
+    """DDP imports torch.distributed.nn.functional after init_process_group; that module binds
+    group.WORLD as a default argument, so the group and its threads would outlive
+    destroy_process_group. refddp.dist imports it before any group exists."""
+    done = subprocess.run([sys.executable, "-c", GROUP_FREED], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
