@@ -253,10 +253,11 @@ def end_process(main: Callable[[], int]) -> NoReturn:
     ``teardown`` stops gloo's threads (see the import of ``torch.distributed.nn.functional``
     above, and ``teardown`` itself, for what used to keep them alive after a run). This is the
     second line of defence, for the paths where that cannot be guaranteed: a rank that fails
-    while a collective is in flight, a group a user's code keeps, a user's thread. A native thread still running while the interpreter
-    finalizes can abort a finished run (SIGABRT). So: run the exit handlers and flush while the
-    interpreter is whole, then leave without finalization; the kernel stops every thread at
-    once. An uncaught exception is printed and exits 1, like Python would.
+    while a collective is in flight, a group a user's code keeps, a user's thread. A native
+    thread still running while the interpreter finalizes can abort a finished run (SIGABRT).
+    So: run the exit handlers and flush while the interpreter is whole, then leave without
+    finalization; the kernel stops every thread at once. An uncaught exception is printed
+    and exits 1, like Python would.
     """
     try:
         code = main()
