@@ -31,6 +31,7 @@ T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
 T_MODELS = "tests/multiproc/test_realistic_models.py"
 T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
+DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
 
 MUTANTS = (
     Mutant(
@@ -69,8 +70,7 @@ MUTANTS = (
     ),
     Mutant(
         "loss-not-divided-by-accumulation", "loss normalisation under accumulation", TRAINER,
-        "F.cross_entropy(self.forward(x), y) / c.grad_accum",
-        "F.cross_entropy(self.forward(x), y)",
+        "loss = loss / c.grad_accum", "loss = loss",
         (f"{T_CLI}::test_world_size_and_accumulation_split_give_the_same_weights",),
     ),
     Mutant(
@@ -248,5 +248,21 @@ MUTANTS = (
         "fsdp-optimizer-by-name", "FSDP checkpoints keep torch's optimizer layout", PARALLEL,
         "return _names_to_indices(by_name, self.model) if by_name else {}", "return by_name",
         (f"{T_FSDP}::test_fsdp_run_equals_the_ddp_run_with_accumulation_and_clipping",),
+    ),
+    Mutant(
+        "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
+        TRAINER, "not math.isfinite(step_loss.item())", "False",
+        (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
+    ),
+    Mutant(
+        "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", DIST,
+        "        if last != self._armed_for:\n            self._arm(last)", "        pass",
+        (f"{T_WATCHDOG}::test_steps_never_touch_the_timer_and_the_helper_rearms_it_for_the_last"
+         "_progress",),
+    ),
+    Mutant(
+        "watchdog-helper-idle", "hang watchdog: no firing while progress is made", DIST,
+        "            self.rearm_if_progressed()", "            pass",
+        (f"{T_WATCHDOG}::test_the_helper_thread_rearms_after_progress",),
     ),
 )
