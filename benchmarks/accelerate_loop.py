@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import GLOBAL_BATCH, LR, EpochClock, Job, TensorBatches, checkpoint_path, first, parse_args, report  # noqa: E402, I001
+from overhead_job import GLOBAL_BATCH, LR, WEIGHT_DECAY, EpochClock, Job, TensorBatches, checkpoint_path, first, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     world = accelerator.num_processes
     model, x, y, val_x, val_y = job.build()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     loader = DataLoader(TensorBatches(x, y), GLOBAL_BATCH // world, shuffle=True, drop_last=True,
                         collate_fn=first, generator=torch.Generator().manual_seed(0))  # fmt: skip
     val_loader = DataLoader(TensorBatches(val_x, val_y), GLOBAL_BATCH, collate_fn=first)

@@ -31,6 +31,7 @@ TRAIN_SIZE = 16384
 VAL_SIZE = 2048
 EPOCHS = {"demo": 6, "large": 3}
 LR = 3e-3
+WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Job:
             f"--val-size={VAL_SIZE}",
             f"--epochs={self.epochs}",
             f"--lr={LR}",
+            f"--weight-decay={WEIGHT_DECAY}",
             "--lr-schedule=constant",
             "--optimizer=adamw",
         ]

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import GLOBAL_BATCH, LR, EpochClock, Job, TensorBatches, checkpoint_path, first, parse_args, report  # noqa: E402, I001
+from overhead_job import GLOBAL_BATCH, LR, WEIGHT_DECAY, EpochClock, Job, TensorBatches, checkpoint_path, first, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     if distributed:
         model = DDP(model)
     bare = model.module if distributed else model
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     train = TensorBatches(x, y)
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
     loader = DataLoader(train, GLOBAL_BATCH // world, sampler=sampler, drop_last=True,

@@ -5,7 +5,7 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``module``: what the loop calls forward on;
 - ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
 - ``agree(flags)``: every rank learns, per flag, whether any rank raised it. Under DDP the flags
-  ride the step's own gradient all-reduce (a comm hook appends them to the last bucket), so the
+  ride the step's own gradient all-reduce (a comm hook appends them to the first bucket), so the
   per-step agreement costs no extra collective; under FSDP it is one small all-reduce;
 - ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
@@ -104,7 +104,7 @@ class Parallel:
 
 
 class _FlagHook:
-    """State of the DDP comm hook that carries the step's flags with the last bucket."""
+    """State of the DDP comm hook that carries the step's flags with the first bucket."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -119,12 +119,13 @@ def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
 
     DDP's default all-reduce (average by pre-dividing, as its C++ path does), plus flags.
 
-    The last bucket of the step also carries ``state.local``, summed, into ``state.agreed``.
+    Bucket 0 also carries ``state.local``, summed, into ``state.agreed``: appending copies
+    the bucket, and DDP caps bucket 0 at 1 MB (``first_bucket_bytes``), the others at 25 MB.
     """
     world = dist.get_world_size()
     state.all_reduces += 1
     grads = bucket.buffer().div_(world)
-    if state.local is None or not bucket.is_last():
+    if state.local is None or bucket.index() != 0:
         fut = dist.all_reduce(grads, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
     flags = state.local

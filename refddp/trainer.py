@@ -165,6 +165,11 @@ class Trainer:
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
+        self._stop_flags = {  # local_flags()'s [SIGTERM?, SIGINT?] by the signal received
+            sig: torch.tensor([sig == signal.SIGTERM, sig == signal.SIGINT], dtype=torch.float32,
+                              device=self.device)
+            for sig in (None, *StopRequest.SIGNALS)
+        }  # fmt: skip
         self.resumed_from = self._resume()
         self.window = self.new_window(self.pos.window)
         if self.resumed_from:
@@ -210,7 +215,8 @@ class Trainer:
         if self.model_has_buffers:
             sync_buffers(self.model)
         per_rank: list[Any] = [None] * self.ctx.world_size
-        mine = {"rng": ckpt.rng_state(), "loss": self.window["loss"].tolist()}
+        mine = {"rng": ckpt.rng_state(),
+                "loss": [self.window["loss_sum"].item(), self.window["loss_steps"]]}  # fmt: skip
         dist.all_gather_object(per_rank, mine)
         self.pos.window = {k: self.window[k] for k in ("samples", "steps", "data_wait")}
         self.pos.window["seconds"] = (
@@ -240,12 +246,14 @@ class Trainer:
     def new_window(self, saved: dict[str, Any] | None = None) -> dict[str, Any]:
         """What is measured between two evaluations (``saved``: carried over by a resume)."""
         saved = saved or {}
+        loss_sum, loss_steps = saved.get("loss", [0.0, 0.0])
         return {"start": time.perf_counter(), "seconds": saved.get("seconds", 0.0),
                 "samples": saved.get("samples", 0), "steps": saved.get("steps", 0),
                 "data_wait": saved.get("data_wait", 0.0),
-                # [sum of step losses, steps taken]: on the device, summed over ranks at eval
-                "loss": torch.tensor(saved.get("loss", [0.0, 0.0]), dtype=torch.float64,
-                                     device=self.device)}  # fmt: skip
+                # The sum of the step losses stays on the device (no host sync per step) until
+                # an evaluation sums it over ranks; the steps it counts (not skipped) on the host.
+                "loss_sum": torch.tensor(loss_sum, dtype=torch.float64, device=self.device),
+                "loss_steps": loss_steps}  # fmt: skip
 
     def evaluate_and_record(self) -> tuple[bool, bool]:
         """Evaluate, log, append to history: (best validation loss so far?, interrupted?).
@@ -260,7 +268,8 @@ class Trainer:
                            stop=lambda: self.stop.signal is not None)  # fmt: skip
         if metrics["interrupted"]:
             return False, True
-        train_loss = w["loss"]
+        steps = torch.tensor(w["loss_steps"], dtype=torch.float64, device=self.device)
+        train_loss = torch.stack([w["loss_sum"], steps])
         dist.all_reduce(train_loss)
         record = {
             "epoch": self.epoch,
@@ -297,13 +306,14 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
 
     def local_flags(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync)."""
-        flags = torch.zeros(3, device=self.device)
-        if step_loss is not None:
-            flags[0] = (~torch.isfinite(step_loss)).float()
-        if self.stop.signal is not None:
-            flags[1 if self.stop.signal == signal.SIGTERM else 2] = 1.0
-        return flags
+        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).
+
+        The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
+        over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
+        """
+        stop = self._stop_flags[self.stop.signal]  # [SIGTERM?, SIGINT?], made once
+        nonfinite = torch.zeros(1, device=self.device) if step_loss is None else step_loss * 0
+        return torch.cat([nonfinite.view(1), stop])
 
     def agree(self, flags: torch.Tensor) -> tuple[bool, int]:
         """Every rank learns whether any rank saw a non-finite loss, and the stop signal any
@@ -325,7 +335,7 @@ class Trainer:
     def train_step(self, batches: Any) -> int:
         """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal."""
         c, w = self.c, self.window
-        step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        step_loss: torch.Tensor | None = None  # the micro-batches' summed loss, on the device
         for micro in range(c.grad_accum):
             waited = time.perf_counter()
             x, y = next(batches)
@@ -334,15 +344,21 @@ class Trainer:
             # Only sync gradients at the last micro-step: earlier ones accumulate locally.
             last = micro == c.grad_accum - 1
             with self.parallel.no_sync() if not last else nullcontext(), autocast(c, self.device):
-                # Scale the loss so the accumulated gradient is the mean over the global batch
-                # (DDP then averages over ranks).
-                loss = F.cross_entropy(self.forward(x), y) / c.grad_accum
-            step_loss += loss.detach().double()
-            if last:  # the flags travel with this backward's gradient all-reduce: no extra one
+                loss = F.cross_entropy(self.forward(x), y)
+            if c.grad_accum > 1:
+                # The accumulated gradient is then the mean over the global batch (DDP then
+                # averages over ranks).
+                loss = loss / c.grad_accum
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+            if last and self.ctx.world_size > 1:
+                # The flags travel with this backward's gradient all-reduce: no extra one.
                 flags = self.local_flags(step_loss)
                 self.parallel.set_flags(flags)
             self.scaler.scale(loss).backward()
-        nonfinite, signum = self.agree(flags)
+        if self.ctx.world_size > 1:
+            nonfinite, signum = self.agree(flags)
+        else:  # one process has nobody to agree with: its own loss and signal decide
+            nonfinite, signum = not math.isfinite(step_loss.item()), self.stop.signal or 0
         if nonfinite:
             if c.on_nonfinite == "stop":
                 raise NonFiniteLoss(
@@ -359,7 +375,8 @@ class Trainer:
             self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-            w["loss"] += torch.stack([step_loss, torch.ones_like(step_loss)])
+            w["loss_sum"] += step_loss
+            w["loss_steps"] += 1
         self.scheduler.step()
         self.pos.step += 1
         w["samples"] += self.global_batch

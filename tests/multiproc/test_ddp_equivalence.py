@@ -199,6 +199,19 @@ def test_nonfinite_loss_is_skipped_on_every_rank_alike(spawn, tmp_path):
         assert torch.equal(value, results[1]["weights"][key]), key
 
 
+def test_one_process_skips_the_same_nonfinite_steps_as_two_ranks(spawn, tmp_path):
+    # One process reads its own loss (no flags, nobody to agree with): same global batches,
+    # so the same steps must be skipped and the same weights come out.
+    job = dict(data="tests.user_code:exploding_datasets", epochs=1, global_batch_size=8)
+    one = spawn(fit, str(tmp_path / "one"), world_size=1, **job)[0]
+    two = spawn(fit, str(tmp_path / "two"), world_size=2, **job)[0]
+    skipped = one["result"]["skipped_steps"]
+    assert 0 < skipped == two["result"]["skipped_steps"] < one["step"] == two["step"]
+    for key, value in one["weights"].items():
+        assert torch.isfinite(value).all(), key
+        torch.testing.assert_close(value, two["weights"][key], rtol=1e-9, atol=1e-12, msg=key)
+
+
 def test_bf16_training_stays_close_to_fp32(spawn, tmp_path):
     common = dict(dtype="float32", epochs=3, train_size=512, val_size=256, batch_size=16)
     fp32 = spawn(fit, str(tmp_path / "fp32"), amp="off", **common)[0]["result"]["metrics"]

@@ -34,6 +34,7 @@ T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
 T_MODELS = "tests/multiproc/test_realistic_models.py"
 T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
+DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
 
 MUTANTS = (
     Mutant(
@@ -72,8 +73,7 @@ MUTANTS = (
     ),
     Mutant(
         "loss-not-divided-by-accumulation", "loss normalisation under accumulation", TRAINER,
-        "F.cross_entropy(self.forward(x), y) / c.grad_accum",
-        "F.cross_entropy(self.forward(x), y)",
+        "loss = loss / c.grad_accum", "loss = loss",
         (f"{T_CLI}::test_world_size_and_accumulation_split_give_the_same_weights",),
     ),
     Mutant(
@@ -234,7 +234,7 @@ MUTANTS = (
     ),
     Mutant(
         "flags-not-carried", "the per-step agreement costs no extra collective (DDP)", PARALLEL,
-        "if state.local is None or not bucket.is_last():", "if True:",
+        "if state.local is None or bucket.index() != 0:", "if True:",
         (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce",),
     ),
     Mutant(
@@ -333,5 +333,21 @@ MUTANTS = (
         "fsdp-compile-ignored", "--compile compiles under FSDP", PARALLEL,
         "                _compile_forward(block)", "                pass",
         (f"{T_FSDP}::test_fsdp_with_torch_compile_trains_like_eager",),
+    ),
+    Mutant(
+        "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
+        TRAINER, "not math.isfinite(step_loss.item())", "False",
+        (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
+    ),
+    Mutant(
+        "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", DIST,
+        "        if last != self._armed_for:\n            self._arm(last)", "        pass",
+        (f"{T_WATCHDOG}::test_steps_never_touch_the_timer_and_the_helper_rearms_it_for_the_last"
+         "_progress",),
+    ),
+    Mutant(
+        "watchdog-helper-idle", "hang watchdog: no firing while progress is made", DIST,
+        "            self.rearm_if_progressed()", "            pass",
+        (f"{T_WATCHDOG}::test_the_helper_thread_rearms_after_progress",),
     ),
 )
