@@ -231,20 +231,29 @@ def device_mesh(device_type: str, world_size: int) -> DeviceMesh:
 
 
 def teardown() -> None:
-    """Leave the process group, if ``init_distributed`` created it, and stop its threads."""
+    """Leave the process group, if ``init_distributed`` created it, and stop its threads.
+
+    Never raises: it runs in ``finally`` blocks, where an error of its own (NCCL after a peer
+    died, say) would replace the one the user needs; and once a run's work is done, a group
+    that will not close changes nothing of it. Such an error is logged.
+    """
     global _owns_group
-    if _owns_group and dist.is_initialized():
-        dist.destroy_process_group()
-        for mesh in _meshes:
-            # torch 2.13: a mesh holds its group (``_pg_registry``), and DTensor's caches keep
-            # the mesh alive after the model is gone, so the destroyed group's gloo threads
-            # would run on into interpreter shutdown.
-            getattr(mesh, "_pg_registry", {}).clear()
+    owned, _owns_group = _owns_group, False
+    try:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.warning("leaving the process group failed", exc_info=True)
+    for mesh in _meshes:
+        # torch 2.13: a mesh holds its group (``_pg_registry``), and DTensor's caches keep the
+        # mesh alive after the model is gone, so the destroyed group's gloo threads would run
+        # on into interpreter shutdown.
+        getattr(mesh, "_pg_registry", {}).clear()
+    _meshes.clear()
+    if owned:
         # FSDP's modules and their state form reference cycles that still hold the group;
         # collect them now rather than at some later allocation (or never, before exit).
         gc.collect()
-    _meshes.clear()
-    _owns_group = False
 
 
 def end_process(main: Callable[[], int]) -> NoReturn:
