@@ -152,6 +152,18 @@ def slow_eval_datasets(config):
     return train, SlowValDataset(val)
 
 
+def native_thread_names() -> list[str]:
+    """The names of this process's threads, native ones included (Linux)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return sorted(names)
+
+
 def mlp_reporting_native_threads_at_exit(config):
     """The demo MLP; at exit, each rank writes the names of its live native threads to
     ``$REFDDP_TEST_THREADS_DIR/rank<R>.txt``. Exit handlers run after the trainer's teardown,
@@ -162,16 +174,9 @@ def mlp_reporting_native_threads_at_exit(config):
     from refddp.models import MLP
 
     def report(rank: int) -> None:
-        names = []
-        for task in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{task}/comm") as f:
-                    names.append(f.read().strip())
-            except FileNotFoundError:  # a thread that ended meanwhile
-                pass
         path = os.path.join(os.environ["REFDDP_TEST_THREADS_DIR"], f"rank{rank}.txt")
         with open(path, "w") as f:
-            f.write("\n".join(sorted(names)))
+            f.write("\n".join(native_thread_names()))
 
     if dist.is_initialized():  # a rank; the group is gone by exit time
         atexit.register(report, dist.get_rank())
