@@ -250,6 +250,10 @@ def load_checkpoint(path: str, required: tuple[str, ...] = REQUIRED_KEYS) -> dic
         from refddp import checkpoint_dcp
 
         return checkpoint_dcp.load_run_state(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise CheckpointError(
+            f"resume: {path} is a dangling link (its target {os.readlink(path)} is gone)"
+        )
     if not os.path.isfile(path):
         raise CheckpointError(f"resume: checkpoint not found: {path}")
     try:
@@ -310,15 +314,18 @@ def load_resume_checkpoint(c: TrainConfig) -> tuple[str, dict[str, Any]] | None:
 
 
 def _latest_loadable(latest: str, previous: str) -> tuple[str, dict[str, Any]] | None:
-    """``latest`` loaded, or ``previous`` (with a warning) if ``latest`` is unreadable."""
+    """``latest`` loaded, or ``previous`` (with a warning) if ``latest`` is unreadable.
+
+    A dangling link (``lexists``, not ``exists``) is unreadable, not absent: resume never
+    silently starts from step 0 in a directory that has checkpoints."""
     latest_error = None
     for path in (latest, previous):
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             continue
         try:
             found = (path, load_checkpoint(path))
         except CheckpointError as exc:
-            if path == previous or not os.path.exists(previous):
+            if path == previous or not os.path.lexists(previous):
                 raise  # nothing older to fall back to
             latest_error = exc
             continue

@@ -12,10 +12,18 @@ A dcp checkpoint is one directory, ``checkpoints/checkpoint_stepNNNNNNNN[-K].dcp
   optimizer's ``param_groups``), plus the parameter order that maps ``optim/FQN`` back to
   the optimizer's indices. A plain file that ``torch.load(weights_only=True)`` opens.
 
+Saved before the optimizer ever stepped (fp16 steps skipped, non-finite losses skipped), a
+checkpoint holds no optimizer tensors and says so in its layout (``"optimizer": False``):
+DCP's ``get_state_dict`` would otherwise run a real ``optimizer.step()`` (zero gradients,
+lr 0) to create the state, and that step changes the run (AdamW's step count).
+
 Atomic like the plain file: every rank writes into a temporary directory, rank 0 adds
 ``run_state.pth`` last, fsyncs and renames the directory; then ``checkpoint_latest.dcp``
 (and ``checkpoint_previous.dcp``, ``checkpoint_best.dcp``) are symbolic links replaced with
-``os.replace``, so "latest" only ever names a complete checkpoint.
+``os.replace``, so "latest" only ever names a complete checkpoint. Rank 0 checks that every
+shard file the metadata names is there, whole, before the rename (a rank whose ``--out`` is
+not shared writes its shards elsewhere), and every load checks it again, so resume falls
+back to the previous checkpoint rather than to a half one.
 
 Loading runs no code: DCP reads its ``.metadata`` with a plain ``pickle.load`` and non-tensor
 entries with ``torch.load(weights_only=False)`` (torch 2.13). refddp reads the metadata with
@@ -126,14 +134,50 @@ def read_metadata(path: str) -> Metadata:
     return metadata
 
 
+def _check_complete(path: str, metadata: Metadata) -> None:
+    """Every shard file the metadata names is a plain name inside ``path`` and holds its bytes."""
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name
+                or "\\" in name or os.sep in name):  # fmt: skip
+            raise ckpt.CheckpointError(
+                f"{path}: refused: its .metadata names a shard file outside it ({name!r})"
+            )
+        if name not in sizes:
+            try:
+                sizes[name] = os.path.getsize(os.path.join(path, name))
+            except OSError:
+                raise ckpt.CheckpointError(
+                    f"{path}: incomplete dcp checkpoint: shard file {name} is missing "
+                    "(is --out shared by every rank?)"
+                ) from None
+        if sizes[name] < info.offset + info.length:
+            raise ckpt.CheckpointError(
+                f"{path}: incomplete dcp checkpoint: shard file {name} is truncated "
+                f"({sizes[name]} bytes, needs {info.offset + info.length})"
+            )
+
+
 def load_run_state(path: str) -> dict[str, Any]:
     """A dcp checkpoint as ``load_checkpoint`` returns a full one, without reading a tensor:
     ``model_state_dict`` holds meta tensors of the saved shapes (enough to check the model
-    fits); ``restore`` and ``load_full`` read the tensors."""
+    fits); ``restore`` and ``load_full`` read the tensors.
+
+    A link (``checkpoint_latest.dcp``) is resolved once: the run state and the tensors read
+    later come from the same directory even if a live run re-points the link meanwhile."""
+    path = os.path.realpath(path)
     metadata = read_metadata(path)
+    _check_complete(path, metadata)
     if not os.path.isfile(os.path.join(path, RUN_STATE)):
         raise ckpt.CheckpointError(f"{path}: not a refddp dcp checkpoint (no {RUN_STATE} in it)")
     state = ckpt.load_checkpoint(os.path.join(path, RUN_STATE), RUN_STATE_KEYS)
+    layout = state.get(LAYOUT)
+    if not (isinstance(layout, dict) and isinstance(layout.get("model"), list)
+            and isinstance(layout.get("parameters"), list)):  # fmt: skip
+        raise ckpt.CheckpointError(
+            f"{path}: not a refddp dcp checkpoint (no parameter layout in its {RUN_STATE})"
+        )
     state["model_state_dict"] = {
         key.split("/", 1)[1]: torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
         for key, meta in metadata.state_dict_metadata.items()
@@ -154,7 +198,22 @@ def load_full(state: dict[str, Any]) -> dict[str, Any]:
     }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=True)
+        try:
+            dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=True)
+        except CheckpointException as exc:
+            raise ckpt.CheckpointError(f"{path}: cannot read its tensors ({_first(exc)})") from None
+        except Exception as exc:  # noqa: BLE001 - a corrupt shard file: one line, not a traceback
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ckpt.CheckpointError(f"{path}: cannot read its tensors ({reason})") from None
+    try:
+        return _assemble(state, tensors)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ckpt.CheckpointError(
+            f"{path}: its {RUN_STATE} does not match its tensors ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _assemble(state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     full = {k: v for k, v in state.items() if k not in (KEY, LAYOUT)}
     full["model_state_dict"] = {
         key.split("/", 1)[1]: tensors[key] for key in state[LAYOUT]["model"]
@@ -175,10 +234,18 @@ def load_full(state: dict[str, Any]) -> dict[str, Any]:
 # -- every rank: its shards -----------------------------------------------------------------
 
 
-def _sharded(parallel: Any, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """This rank's model and optimizer state (DTensor shards under FSDP), keyed by clean FQN."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def _sharded(
+    parallel: Any, optimizer: torch.optim.Optimizer, with_optimizer: bool = True
+) -> tuple[dict, dict]:
+    """This rank's model and optimizer state (DTensor shards under FSDP), keyed by clean FQN.
 
+    ``with_optimizer=False``: the model's only. DCP's ``get_state_dict`` creates a missing
+    optimizer state by running ``optimizer.step()`` (zero gradients, lr 0), which changes the
+    run (AdamW's step count): an optimizer that has not stepped yet is never handed to it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if not with_optimizer:
+        return get_model_state_dict(parallel.model), {"state": {}}
     return get_state_dict(parallel.model, optimizer)
 
 
@@ -195,14 +262,16 @@ def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> st
     directory = ckpt.checkpoint_dir(out)
     tmp = os.path.join(directory, f".checkpoint_step{state['step']:08d}.dcp.tmp")
     rank0_then_meet(lambda: _prepare(directory))
-    model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
+    stepped = bool(parts.optimizer.state)  # the same on every rank: all step together
+    model_state, optim_state = _sharded(parts.parallel, parts.optimizer, stepped)
     try:
         dcp.save(_flat(model_state, optim_state),
                  storage_writer=FileSystemWriter(tmp, sync_files=True))  # fmt: skip
     except CheckpointException as exc:  # every rank gets it
         raise ckpt.RunFileError(f"cannot write checkpoint {tmp} ({_first(exc)})") from None
     names = [name for name, _ in parts.parallel.model.named_parameters()]
-    layout = {"model": [f"model/{k}" for k in model_state], "parameters": names}
+    layout = {"model": [f"model/{k}" for k in model_state], "parameters": names,
+              "optimizer": stepped}  # fmt: skip
     return rank0_then_meet(lambda: _publish({**state, LAYOUT: layout}, directory, tmp, is_best))
 
 
@@ -224,6 +293,10 @@ def _prepare(directory: str) -> None:
 
 def _publish(state: dict[str, Any], directory: str, tmp: str, is_best: bool) -> str:
     """Rank 0: complete the checkpoint, rename it into place, point the links at it."""
+    try:
+        _check_complete(tmp, read_metadata(tmp))
+    except ckpt.CheckpointError as exc:  # not renamed: latest keeps naming a complete one
+        raise ckpt.RunFileError(f"cannot complete checkpoint {exc}") from None
     ckpt.save_atomic(state, os.path.join(tmp, RUN_STATE))
     step, n = f"checkpoint_step{state['step']:08d}", 0
     final = os.path.join(directory, f"{step}.dcp")
@@ -263,14 +336,20 @@ def _remove_unlinked(directory: str) -> None:
 def restore_tensors(state: dict[str, Any], parts: RunParts) -> None:
     """Read the model and optimizer tensors of a dcp checkpoint into ``parts``: a collective.
     DCP reads each rank's own shards, resharding when the world size changed."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    model_state, optim_state = _sharded(parts.parallel, parts.optimizer)
+    stepped = state[LAYOUT].get("optimizer", True)
+    model_state, optim_state = _sharded(parts.parallel, parts.optimizer, stepped)
     try:
         dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))
     except CheckpointException as exc:  # every rank gets it
         reason = _first(exc)
         raise ckpt.CheckpointError(f"{state[KEY]}: cannot read its tensors ({reason})") from None
+    if not stepped:  # saved before the first optimizer step: no optimizer state to load
+        set_model_state_dict(parts.parallel.model, model_state)
+        groups = state["optimizer_state_dict"]["param_groups"]
+        parts.optimizer.load_state_dict({"state": {}, "param_groups": groups})
+        return
     names = [name for name, _ in parts.parallel.model.named_parameters()]
     groups = [{**g, "params": [names[i] for i in g["params"]]}
               for g in state["optimizer_state_dict"]["param_groups"]]  # fmt: skip

@@ -205,6 +205,10 @@ class FullyShardedParallel(Parallel):
             get_optimizer_state_dict,
         )
 
+        if not optimizer.state:  # never stepped, on every rank alike: nothing to gather
+            # (DCP would first create the state with a real optimizer step at lr 0, which
+            # changes the run: AdamW's step count, SGD's dampened momentum).
+            return optimizer.state_dict() if dist.get_rank() == 0 else {}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         by_name = get_optimizer_state_dict(self.model, optimizer, options=options)
         return _names_to_indices(by_name, self.model) if by_name else {}
@@ -224,9 +228,13 @@ class FullyShardedParallel(Parallel):
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, dict(model_state), options=options)
-        if optimizer is not None and optimizer_state is not None:
-            by_name = _indices_to_names(optimizer_state, self.model)
-            set_optimizer_state_dict(self.model, optimizer, by_name, options=options)
+        if optimizer is None or optimizer_state is None:
+            return
+        if not optimizer_state["state"]:  # saved before any step: as in optimizer_state_dict
+            optimizer.load_state_dict(optimizer_state)
+            return
+        by_name = _indices_to_names(optimizer_state, self.model)
+        set_optimizer_state_dict(self.model, optimizer, by_name, options=options)
 
     def local_numel(self) -> int:
         return sum(

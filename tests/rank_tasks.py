@@ -178,6 +178,7 @@ def fit_full_weights(out: str, **overrides) -> dict:
         "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
         "step": result["step"],
         "stopped_by": result["stopped_by"],
+        "resumed_from": trainer.resumed_from,
     }
 
 

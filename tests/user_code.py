@@ -53,6 +53,16 @@ def exploding_datasets(config):
     return TensorPairDataset(x, train.y), val
 
 
+def first_step_explodes_datasets(config):
+    """The first sample of epoch 0's global order is inf: step 1's loss is non-finite, so the
+    optimizer's first applied step is step 2 (GlobalBatchSampler's order, refddp/data.py)."""
+    train, val = synthetic(config)
+    first = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))[0]
+    x = train.x.clone()
+    x[first] = float("inf")
+    return TensorPairDataset(x, train.y), val
+
+
 def spiky_mlp(config):
     """An MLP whose first-layer gradient is inf on rank 1 every third backward (loss stays
     finite): what an fp16 overflow looks like to GradScaler, planted before DDP's all-reduce."""

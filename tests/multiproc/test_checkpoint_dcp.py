@@ -48,6 +48,7 @@ def test_dcp_resume_mid_epoch_is_bit_identical(spawn, tmp_path, strategy):
     spawn(fit_full_weights, str(out), world_size=2, stop_after=7, ckpt_format="dcp", **flags)
     assert os.path.islink(latest_dcp(out)) and not (out / "checkpoints" / LATEST).exists()
     resumed = spawn(fit_full_weights, str(out), world_size=2, ckpt_format="dcp", **flags)[0]
+    assert resumed["resumed_from"] == latest_dcp(out)  # not the same weights from scratch
     assert resumed["step"] == straight["step"] == 24
     assert_same(resumed["weights"], straight["weights"])  # bit for bit
     assert_same(resumed["optimizer"], straight["optimizer"])
@@ -59,8 +60,11 @@ def test_dcp_resume_reshards_across_world_sizes_and_strategies(spawn, tmp_path):
                      **flags)[0]  # fmt: skip
     out = str(tmp_path / "b")
     for size, strategy in ((2, "fsdp"), (3, "fsdp")):  # each leg stops mid-epoch
-        spawn(fit_full_weights, out, world_size=size, strategy=strategy, stop_after=5, **flags)
+        leg = spawn(fit_full_weights, out, world_size=size, strategy=strategy, stop_after=5,
+                    **flags)[0]  # fmt: skip
+        assert leg["step"] == (5 if size == 2 else 10)
     last = spawn(fit_full_weights, out, world_size=2, strategy="ddp", **flags)[0]  # 3 -> 2, DDP
+    assert last["resumed_from"] == latest_dcp(out)
     assert last["step"] == straight["step"] == 16
     assert_same(last["weights"], straight["weights"], **CLOSE)
     assert_same(last["optimizer"], straight["optimizer"], **CLOSE)
@@ -108,3 +112,21 @@ def test_a_failed_dcp_save_leaves_latest_on_the_previous_complete_checkpoint(spa
     assert_same(saved["model_state_dict"], expected["model_state_dict"])
     assert_same(saved["optimizer_state_dict"], expected["optimizer_state_dict"])
     assert not (out / "checkpoints" / "checkpoint_step00000004.dcp").exists()
+
+
+def test_a_checkpoint_missing_a_shard_file_is_never_resumed_from(spawn, tmp_path, capsys):
+    # A rank whose --out is not shared writes its shards elsewhere: latest misses a file.
+    flags = dict(strategy="fsdp", ckpt_every=2, ckpt_format="dcp")
+    out = tmp_path / "run"
+    spawn(fit_full_weights, str(out), world_size=2, stop_after=4, **flags)
+    latest = os.path.realpath(latest_dcp(out))
+    assert latest.endswith("checkpoint_step00000004.dcp")
+    shard = sorted(f for f in os.listdir(latest) if f.endswith(".distcp"))[-1]  # rank 1's
+    os.remove(os.path.join(latest, shard))
+    capsys.readouterr()
+    assert convert_checkpoint.main([latest_dcp(out), str(tmp_path / "o.pth")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "incomplete dcp checkpoint" in err[0] and latest in err[0], err
+    resumed = spawn(fit_full_weights, str(out), world_size=2, stop_after=1, **flags)[0]
+    previous = str(out / "checkpoints" / checkpoint_dcp.PREVIOUS)
+    assert resumed["resumed_from"] == previous and resumed["step"] == 3

@@ -12,6 +12,7 @@ import torch
 
 import refddp
 from refddp import checkpoint_dcp
+from refddp.checkpoint import LATEST
 from tests.multiproc.test_resume import assert_same_weights, only_error_line
 from tests.rank_tasks import (
     fit_counting_compiled_graphs,
@@ -121,3 +122,24 @@ def test_fsdp_with_torch_compile_trains_like_eager(spawn, tmp_path):
                      **flags)[0]  # fmt: skip
     assert eager["graphs"] == 0 and compiled["graphs"] > 0
     assert_same_weights(compiled["weights"], eager["weights"], **STEPS_CLOSE)
+
+
+@pytest.mark.parametrize("ckpt_format", ["full", "dcp"])
+def test_a_save_before_the_first_applied_step_changes_nothing(spawn, tmp_path, ckpt_format):
+    # Step 1's loss is inf and skipped, so the saves at step 1 find an optimizer without state.
+    # torch's state-dict API would create it with a real AdamW step (lr 0): step count 1.
+    flags = dict(strategy="fsdp", data="tests.user_code:first_step_explodes_datasets",
+                 on_nonfinite="skip", epochs=1, ckpt_format=ckpt_format)  # fmt: skip
+    straight = spawn(fit_full_weights, str(tmp_path / "a"), world_size=2, **flags)[0]
+    saving = spawn(fit_full_weights, str(tmp_path / "b"), world_size=2, ckpt_every=1,
+                   **flags)[0]  # fmt: skip
+    out = tmp_path / "c"
+    assert spawn(fit_full_weights, str(out), world_size=2, stop_after=1, **flags)[0]["step"] == 1
+    resumed = spawn(fit_full_weights, str(out), world_size=2, **flags)[0]
+    latest = checkpoint_dcp.LATEST if ckpt_format == "dcp" else LATEST
+    assert resumed["resumed_from"] == str(out / "checkpoints" / latest)
+    for run in (saving, resumed):
+        assert run["step"] == straight["step"] == 12
+        assert_same_weights(run["weights"], straight["weights"])
+        assert run["optimizer"]["state"][0]["step"] == straight["optimizer"]["state"][0]["step"]
+        assert_same_weights(run["optimizer"]["state"], straight["optimizer"]["state"])

@@ -350,4 +350,57 @@ MUTANTS = (
         "            self.rearm_if_progressed()", "            pass",
         (f"{T_WATCHDOG}::test_the_helper_thread_rearms_after_progress",),
     ),
+    Mutant(
+        "dcp-save-steps-a-fresh-optimizer", "a dcp save changes nothing (before the first step)",
+        CKPT_DCP, "    if not with_optimizer:\n        return get_model_state_dict(parallel.model), {\"state\": {}}\n",
+        "",
+        (f"{T_FSDP}::test_a_save_before_the_first_applied_step_changes_nothing[dcp]",),
+    ),
+    Mutant(
+        "dcp-published-incomplete", "latest names only a complete dcp checkpoint", CKPT_DCP,
+        "    _check_complete(path, metadata)\n", "",
+        (f"{T_CONVERT}::test_a_checkpoint_with_a_missing_or_short_shard_file_is_refused",
+         f"{T_DCP}::test_a_checkpoint_missing_a_shard_file_is_never_resumed_from"),
+    ),
+    Mutant(
+        "dcp-unread-tensors-escape", "a damaged dcp checkpoint is one line, exit 2", CKPT_DCP,
+        "        return _assemble(state, tensors)\n    except (KeyError, IndexError, TypeError, "
+        "ValueError) as exc:", "        return _assemble(state, tensors)\n    except ():",
+        (f"{T_CONVERT}::test_a_mismatched_or_corrupt_checkpoint_is_one_line_exit_2",),
+    ),
+    Mutant(
+        "dcp-link-resolved-twice", "run state and tensors come from one checkpoint", CKPT_DCP,
+        "    path = os.path.realpath(path)\n", "",
+        (f"{T_CONVERT}::test_a_link_is_resolved_once_so_tensors_come_from_the_run_states"
+         "_checkpoint",),
+    ),
+    Mutant(
+        "dangling-latest-ignored", "resume never silently starts over", CKPT,
+        "        if not os.path.lexists(path):\n            continue",
+        "        if not os.path.exists(path):\n            continue",
+        ("tests/unit/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
+         "_fresh_start",),
+    ),
+    Mutant(
+        "resume-ignores-dcp", "exact resume from a dcp checkpoint", CKPT,
+        "pairs = ((LATEST, PREVIOUS), (checkpoint_dcp.LATEST, checkpoint_dcp.PREVIOUS))",
+        "pairs = ((LATEST, PREVIOUS),)",
+        (f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical",),
+    ),
+    Mutant(
+        "dcp-publish-unchecked", "latest names only a complete dcp checkpoint", CKPT_DCP,
+        "    try:\n        _check_complete(tmp, read_metadata(tmp))\n", "    try:\n        pass\n",
+        (f"{T_CONVERT}::test_a_checkpoint_with_a_missing_or_short_shard_file_is_refused",),
+    ),
+    Mutant(
+        "fsdp-save-steps-a-fresh-optimizer", "a save changes nothing (before the first step)",
+        PARALLEL, "        if not optimizer.state:  # never stepped", "        if False:  # never stepped",
+        (f"{T_FSDP}::test_a_save_before_the_first_applied_step_changes_nothing[full]",),
+    ),
+    Mutant(
+        "fsdp-load-steps-a-fresh-optimizer", "a save changes nothing (before the first step)",
+        PARALLEL, "        if not optimizer_state[\"state\"]:  # saved before any step",
+        "        if False:  # saved before any step",
+        (f"{T_FSDP}::test_a_save_before_the_first_applied_step_changes_nothing[full]",),
+    ),
 )

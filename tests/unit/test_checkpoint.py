@@ -165,3 +165,20 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
     ckpt.set_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
     assert torch.equal(torch.rand(2), expected[0])
     assert (random.random(), np.random.rand()) == expected[1:]
+
+
+def test_a_dangling_latest_link_is_named_not_taken_for_a_fresh_start(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / "checkpoint_latest.dcp").symlink_to("checkpoint_step00000004.dcp")  # gone
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint_latest.dcp is a dangling link"):
+        ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+    (directory / "checkpoint_latest.dcp").unlink()
+    # With a readable previous checkpoint: resume from it, with a warning naming the link.
+    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    os.rename(directory / ckpt.LATEST, directory / ckpt.PREVIOUS)
+    os.symlink("gone.pth", directory / ckpt.LATEST)
+    with caplog.at_level(logging.WARNING, logger="refddp"):
+        path, loaded = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
+    assert path.endswith(ckpt.PREVIOUS) and loaded["step"] == 2
+    assert "checkpoint_latest.pth is a dangling link" in caplog.text

@@ -1,6 +1,7 @@
 """``python -m refddp.convert_checkpoint`` on bad input, and reading a dcp checkpoint without
 running code (DCP itself unpickles its ``.metadata`` freely; refddp does not)."""
 
+import os
 import pickle
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from refddp import checkpoint_dcp, convert_checkpoint
-from refddp.checkpoint import CheckpointError
+from refddp.checkpoint import CheckpointError, RunFileError
 
 
 def error_line(capsys) -> str:
@@ -68,3 +69,62 @@ def test_a_dcp_checkpoint_holding_pickled_objects_is_refused(tmp_path):
     assert list(checkpoint_dcp.read_metadata(str(tmp_path / "y.dcp")).state_dict_metadata) == [
         "model/w"
     ]
+
+
+def a_dcp_checkpoint(path, w, layout=None):
+    """A minimal refddp dcp checkpoint of one tensor ``model/w``, written in this process."""
+    dcp.save({"model/w": w}, checkpoint_id=str(path), no_dist=True)
+    run_state = {
+        "optimizer_state_dict": {"param_groups": []}, "scaler_state_dict": {}, "epoch": 0,
+        "step": 1, "world_size": 1, "config": {}, "metrics": {},
+        checkpoint_dcp.LAYOUT: layout or {"model": ["model/w"], "parameters": []},
+    }  # fmt: skip
+    torch.save(run_state, path / checkpoint_dcp.RUN_STATE)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_mismatched_or_corrupt_checkpoint_is_one_line_exit_2(tmp_path, capsys):
+    out = str(tmp_path / "o.pth")
+    mismatched = a_dcp_checkpoint(tmp_path / "m.dcp", torch.ones(3),
+                                  layout={"model": ["model/gone"], "parameters": []})  # fmt: skip
+    assert convert_checkpoint.main([str(mismatched), out]) == 2
+    line = error_line(capsys)
+    assert "m.dcp: its run_state.pth does not match its tensors" in line, line
+    corrupt = a_dcp_checkpoint(tmp_path / "c.dcp", torch.ones(3))
+    for shard in corrupt.glob("*.distcp"):
+        shard.write_bytes(b"\0" * shard.stat().st_size)  # whole, but not a tensor
+    assert convert_checkpoint.main([str(corrupt), out]) == 2
+    line = error_line(capsys)
+    assert "c.dcp: cannot read its tensors" in line and "Traceback" not in line, line
+    assert not (tmp_path / "o.pth").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_checkpoint_with_a_missing_or_short_shard_file_is_refused(tmp_path):
+    checkpoint = a_dcp_checkpoint(tmp_path / "x.dcp", torch.ones(64))
+    (shard,) = checkpoint.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:-8])
+    with pytest.raises(CheckpointError, match=r"x.dcp: incomplete dcp checkpoint: .* truncated"):
+        checkpoint_dcp.load_run_state(str(checkpoint))
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=r"x.dcp: incomplete .* missing .*shared by every"):
+        checkpoint_dcp.load_run_state(str(checkpoint))
+    # Rank 0 checks before publishing: latest is never pointed at it.
+    state = {"step": 7, **torch.load(checkpoint / checkpoint_dcp.RUN_STATE, weights_only=True)}
+    with pytest.raises(RunFileError, match=r"cannot complete checkpoint .*x.dcp: incomplete"):
+        checkpoint_dcp._publish(state, str(tmp_path), str(checkpoint), is_best=False)
+    assert not os.path.lexists(tmp_path / checkpoint_dcp.LATEST)
+    assert not (tmp_path / "checkpoint_step00000007.dcp").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_link_is_resolved_once_so_tensors_come_from_the_run_states_checkpoint(tmp_path):
+    a_dcp_checkpoint(tmp_path / "checkpoint_step00000001.dcp", torch.ones(3))
+    a_dcp_checkpoint(tmp_path / "checkpoint_step00000002.dcp", torch.full((3,), 2.0))
+    link = tmp_path / checkpoint_dcp.LATEST
+    link.symlink_to("checkpoint_step00000001.dcp")
+    state = checkpoint_dcp.load_run_state(str(link))
+    link.unlink()
+    link.symlink_to("checkpoint_step00000002.dcp")  # a live run saved meanwhile
+    assert torch.equal(checkpoint_dcp.load_full(state)["model_state_dict"]["w"], torch.ones(3))
