@@ -119,6 +119,13 @@ class TrainConfig:
     on_nonfinite: str = _opt(
         "skip", "what every rank does when any rank's loss is inf/nan", ("skip", "stop")
     )
+    flags_read: str = _opt(
+        "auto",
+        "when the host reads each step's agreed flags (non-finite loss, stop signal): now = "
+        "before the optimizer step (a host sync per step), late = a step later, the skip done "
+        "on the device by a fused optimizer; auto = late on CUDA unless amp fp16, else now",
+        ("auto", "now", "late"),
+    )
     progress: bool = _opt(True, "rank-0 progress bar", inherit=False)
     log_all_ranks: bool = _opt(False, "every rank logs, prefixed with [rank N]", inherit=False)
     timeout: float = _opt(
@@ -323,6 +330,11 @@ def validate(c: TrainConfig) -> None:
         )
     if c.strategy == "fsdp" and c.sync_bn:
         raise ConfigError("sync_bn: not supported with --strategy fsdp yet; use --strategy ddp")
+    if c.flags_read == "late" and c.amp == "fp16":
+        raise ConfigError(
+            "flags_read: late cannot be used with amp fp16 (its gradient scaler reads its "
+            "inf check every step); use flags_read auto or now"
+        )
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not _is_checkpoint_path(c.resume):

@@ -117,7 +117,8 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
 def run_rank(c: TrainConfig) -> int:
     """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
     from refddp.evaluation import run_eval, run_predict
-    from refddp.trainer import NonFiniteLoss, Trainer
+    from refddp.step_flags import NonFiniteLoss
+    from refddp.trainer import Trainer
 
     stacks_dir = os.path.join(c.out, "stacks")
     # The hang watchdog (c.timeout) fires before the collective timeout does.

@@ -32,37 +32,10 @@ from refddp.evaluation import autocast, evaluate
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.parallel import build_parallel
+from refddp.step_flags import NonFiniteLoss, StepFlags, StopRequest, reads_late
 from refddp.sync_batchnorm import convert_sync_batchnorm
 
 log = logging.getLogger("refddp")
-
-
-class NonFiniteLoss(RuntimeError):
-    """A rank's loss was inf/nan and ``on_nonfinite`` is ``stop``."""
-
-
-class StopRequest:
-    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
-    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopRequest:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.signal = signum
 
 
 def lr_factor(c: TrainConfig, total_steps: int) -> Any:
@@ -77,12 +50,13 @@ def lr_factor(c: TrainConfig, total_steps: int) -> Any:
     return factor
 
 
-def build_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """``fused``: one kernel per step that can skip it on the device (``step_flags``)."""
     if c.optimizer == "sgd":
-        return torch.optim.SGD(
-            model.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay
-        )
-    return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
+                               weight_decay=c.weight_decay, fused=fused or None)  # fmt: skip
+    return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay,
+                             fused=fused or None)  # fmt: skip
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -155,7 +129,8 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        self.optimizer = build_optimizer(self.model, c)  # after FSDP turned params into shards
+        late = reads_late(c, self.device)  # the step flags read a step late: a fused optimizer
+        self.optimizer = build_optimizer(self.model, c, late)  # after FSDP's sharding
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(c, self.total_steps)
         )
@@ -165,11 +140,7 @@ class Trainer:
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
-        self._stop_flags = {  # local_flags()'s [SIGTERM?, SIGINT?] by the signal received
-            sig: torch.tensor([sig == signal.SIGTERM, sig == signal.SIGINT], dtype=torch.float32,
-                              device=self.device)
-            for sig in (None, *StopRequest.SIGNALS)
-        }  # fmt: skip
+        self.flags = StepFlags(self.parallel, self.stop, self.device, late)
         self.resumed_from = self._resume()
         self.window = self.new_window(self.pos.window)
         if self.resumed_from:
@@ -231,7 +202,7 @@ class Trainer:
             checkpoint_dcp.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
-        return self.agree(self.local_flags())[1]
+        return self.flags.read(self.flags.local())[1]
 
     @property
     def model_has_buffers(self) -> bool:
@@ -305,24 +276,6 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def local_flags(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).
-
-        The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
-        over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
-        """
-        stop = self._stop_flags[self.stop.signal]  # [SIGTERM?, SIGINT?], made once
-        nonfinite = torch.zeros(1, device=self.device) if step_loss is None else step_loss * 0
-        return torch.cat([nonfinite.view(1), stop])
-
-    def agree(self, flags: torch.Tensor) -> tuple[bool, int]:
-        """Every rank learns whether any rank saw a non-finite loss, and the stop signal any
-        rank received (0: none), so all take the same branch. During a step the flags ride the
-        gradient all-reduce (``Parallel.set_flags``); elsewhere this is one small all-reduce.
-        Reading them is the step's one host sync: skip or step must be known before stepping."""
-        nonfinite, sigterm, sigint = self.parallel.agree(flags).tolist()
-        return bool(nonfinite), signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
-
     def epoch_batches(self) -> Any:
         """This epoch's batches from the current position on (a resume starts mid-epoch)."""
         c, ctx, pos = self.c, self.ctx, self.pos
@@ -333,8 +286,10 @@ class Trainer:
         return iter(make_loader(self.train_set, self.sampler, self.batch_size, c, pin, loader_seed))
 
     def train_step(self, batches: Any) -> int:
-        """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal."""
+        """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal
+        (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
         c, w = self.c, self.window
+        late = self.flags.late and bool(self.optimizer.state)  # see step_flags
         step_loss: torch.Tensor | None = None  # the micro-batches' summed loss, on the device
         for micro in range(c.grad_accum):
             waited = time.perf_counter()
@@ -350,39 +305,63 @@ class Trainer:
                 # averages over ranks).
                 loss = loss / c.grad_accum
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-            if last and self.ctx.world_size > 1:
+            if last and (self.ctx.world_size > 1 or late):
                 # The flags travel with this backward's gradient all-reduce: no extra one.
-                flags = self.local_flags(step_loss)
+                flags = self.flags.local(step_loss)
                 self.parallel.set_flags(flags)
             self.scaler.scale(loss).backward()
-        if self.ctx.world_size > 1:
-            nonfinite, signum = self.agree(flags)
-        else:  # one process has nobody to agree with: its own loss and signal decide
-            nonfinite, signum = not math.isfinite(step_loss.item()), self.stop.signal or 0
-        if nonfinite:
-            if c.on_nonfinite == "stop":
-                raise NonFiniteLoss(
-                    f"non-finite loss at step {self.pos.step + 1} on at least one rank; "
-                    "stopping every rank (on_nonfinite=stop)"
-                )
-            self.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            log.warning("step %d: non-finite loss, update skipped on every rank", self.pos.step + 1)
+        if late:  # skip on the device; the host learns of it a step later, without waiting
+            agreed = self.flags.skip_on_device(flags, self.optimizer)
+            self.optimizer_step()
+            w["loss_sum"] += torch.where(self.optimizer.found_inf > 0, 0.0, step_loss)
+            w["loss_steps"] += 1  # taken back by settle() if the step was skipped
+            signum = self.settle()  # the previous step's flags, copied meanwhile
+            self.flags.defer(self.pos.step + 1, agreed)
         else:
-            if c.grad_clip:
-                self.scaler.unscale_(self.optimizer)  # clip the true gradient
-                self.parallel.clip_grad_norm_(c.grad_clip)
-            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            w["loss_sum"] += step_loss
-            w["loss_steps"] += 1
+            if self.ctx.world_size > 1:
+                nonfinite, signum = self.flags.read(flags)
+            else:  # one process has nobody to agree with: its own loss and signal decide
+                nonfinite, signum = not math.isfinite(step_loss.item()), self.stop.signal or 0
+            if nonfinite:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_at(self.pos.step + 1)
+            else:
+                self.optimizer_step()
+                w["loss_sum"] += step_loss
+                w["loss_steps"] += 1
         self.scheduler.step()
         self.pos.step += 1
         w["samples"] += self.global_batch
         w["steps"] += 1
         if self.watchdog:
             self.watchdog.progress()
+        return signum
+
+    def optimizer_step(self) -> None:
+        if self.c.grad_clip:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradient
+            self.parallel.clip_grad_norm_(self.c.grad_clip)
+        self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def nonfinite_at(self, step: int) -> None:
+        """Step ``step``'s loss was non-finite on some rank: every rank stops, or counts it."""
+        if self.c.on_nonfinite == "stop":
+            raise NonFiniteLoss(
+                f"non-finite loss at step {step} on at least one rank; "
+                "stopping every rank (on_nonfinite=stop)"
+            )
+        self.skipped_steps += 1
+        log.warning("step %d: non-finite loss, update skipped on every rank", step)
+
+    def settle(self) -> int:
+        """Read the step flags still pending (``flags_read=late``): count or stop on a skipped
+        step, and return the stop signal they carry (0: none, or nothing pending)."""
+        step, signum = self.flags.collect()
+        if step is not None:
+            self.window["loss_steps"] -= 1
+            self.nonfinite_at(step)
         return signum
 
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:
@@ -400,7 +379,10 @@ class Trainer:
         )
         stop_after = bool(c.stop_after) and steps_this_run >= c.stop_after
         stop_after = stop_after and step < self.total_steps
-        if not (eval_due or signum or stop_after or (c.ckpt_every and step % c.ckpt_every == 0)):
+        due = eval_due or stop_after or bool(c.ckpt_every and step % c.ckpt_every == 0)
+        if due or signum:  # what a step leaves behind needs its flags read
+            signum = self.settle() or signum
+        if not (due or signum):
             return False
         is_best, interrupted = False, bool(signum)
         if eval_due and not interrupted:

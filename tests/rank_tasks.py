@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -236,3 +238,79 @@ def fit_counting_compiled_graphs(out: str, **overrides) -> dict:
     before = counters["stats"]["unique_graphs"]
     result = fit_full_weights(out, **overrides)
     return {**result, "graphs": counters["stats"]["unique_graphs"] - before}
+
+
+def fit_recording_host_reads(out: str, **overrides) -> dict:
+    """``fit``, recording during each optimizer step (``train_step``, not the evaluations and
+    saves after it) every tensor the host reads (``item``, ``tolist``, ``bool``, ``float``),
+    as "flags" (the step flags' host copy) or "device" (any other: a host sync on a GPU)."""
+    reads: list[list[str]] = []
+    open_step: list[list[str]] = []  # the step being recorded, if any
+    probed = ("item", "tolist", "__bool__", "__float__")
+    originals = {name: getattr(torch.Tensor, name) for name in probed}
+    train_step = Trainer.train_step
+
+    def by_the_harness() -> bool:  # its collective-order check reads fingerprints
+        frame = sys._getframe(2)  # the caller of the read: refddp code nearest to it decides
+        while frame is not None and "/refddp/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        return frame is not None and "/refddp/testing/" in frame.f_code.co_filename
+
+    def probe(name):
+        def read(tensor, *args):
+            if open_step and not by_the_harness():
+                ours = tensor.data_ptr() == trainer.flags._host.data_ptr()
+                open_step[0].append("flags" if ours else "device")
+            return originals[name](tensor, *args)
+
+        return read
+
+    def loading(batches):  # the data pipeline's host tensors (a sampler's order) are not read
+        while True:  # back from the device: they are not counted
+            paused = open_step.pop()
+            try:
+                batch = next(batches)
+            finally:
+                open_step.append(paused)
+            yield batch
+
+    def recorded(self, batches):
+        open_step.append([])
+        try:
+            return train_step(self, loading(batches))
+        finally:
+            reads.append(open_step.pop())
+
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    Trainer.train_step = recorded
+    for name in probed:
+        setattr(torch.Tensor, name, probe(name))
+    try:
+        result = trainer.fit()
+    finally:
+        Trainer.train_step = train_step
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return {"reads": reads, "step": result["step"]}
+
+
+def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
+    """``fit`` on this rank's GPU with CUDA's sync debug mode set to "error" inside every
+    optimizer step but the first two (the optimizer's state and DDP's buckets are made there):
+    any host sync in a step raises."""
+    c = tiny_config(out, device="cuda", dtype="float32", **overrides)
+    trainer = Trainer(c, init_distributed("cuda"))
+    train_step = trainer.train_step
+
+    def strict(batches):
+        if trainer.pos.step < 2:
+            return train_step(batches)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return train_step(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    trainer.train_step = strict
+    result = trainer.fit()
+    return {"step": result["step"], "late": trainer.flags.late}

@@ -16,7 +16,7 @@ import refddp
 from refddp import checkpoint_dcp
 from refddp.testing.gpus import gpu_skip_reason
 from tests.cli_runs import REPO
-from tests.rank_tasks import nccl_gradients, nccl_rank_sum
+from tests.rank_tasks import fit_on_gpu_raising_on_host_syncs, nccl_gradients, nccl_rank_sum
 
 pytestmark = pytest.mark.gpu
 
@@ -200,3 +200,10 @@ def test_fsdp_with_torch_compile_on_two_gpus(tmp_path):
     needs_gpus(2)
     train(tmp_path, "--device", "cuda", "--nproc", 2, "--strategy", "fsdp", "--compile")
     assert not any(k.startswith("_orig_mod") for k in latest(tmp_path)["model_state_dict"])
+
+
+@pytest.mark.world_size(1, 2)
+def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_size, tmp_path):
+    # flags_read auto is late on CUDA: the skip is on the device, the flags are read a step on.
+    for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path)):
+        assert result["late"] and result["step"] == 48 // _refddp_world_size

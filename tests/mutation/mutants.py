@@ -35,6 +35,7 @@ T_MODELS = "tests/multiproc/test_realistic_models.py"
 T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
 DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
+FLAGS, T_FLAGS = "refddp/step_flags.py", "tests/multiproc/test_step_flags.py"
 
 MUTANTS = (
     Mutant(
@@ -124,7 +125,9 @@ MUTANTS = (
     ),
     Mutant(
         "optimizer-not-restored", "optimizer restore", PARALLEL,
-        "            optimizer.load_state_dict(optimizer_state)", "            pass",
+        "        if optimizer is not None and optimizer_state is not None:\n"
+        "            optimizer.load_state_dict(optimizer_state)",
+        "        if optimizer is not None and optimizer_state is not None:\n            pass",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
@@ -143,9 +146,8 @@ MUTANTS = (
         (f"{T_TRAINER}::test_gradient_clipping_bounds_the_true_gradient_under_amp",),
     ),
     Mutant(
-        "ranks-decide-alone", "the per-step agreement (non-finite loss, stop)", TRAINER,
-        "nonfinite, sigterm, sigint = self.parallel.agree(flags).tolist()",
-        "nonfinite, sigterm, sigint = flags.tolist()",
+        "ranks-decide-alone", "the per-step agreement (non-finite loss, stop)", FLAGS,
+        "return _decode(self.parallel.agree(flags).tolist())", "return _decode(flags.tolist())",
         (f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike",),
     ),
     Mutant(
@@ -402,5 +404,44 @@ MUTANTS = (
         PARALLEL, "        if not optimizer_state[\"state\"]:  # saved before any step",
         "        if False:  # saved before any step",
         (f"{T_FSDP}::test_a_save_before_the_first_applied_step_changes_nothing[full]",),
+    ),
+    Mutant(
+        "late-skip-not-on-device", "flags_read=late: a non-finite step is skipped", FLAGS,
+        "optimizer.found_inf = torch.isnan(agreed[0]).float()",
+        "optimizer.found_inf = torch.zeros_like(agreed[0])",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
+    ),
+    Mutant(
+        "late-loss-count-kept", "flags_read=late: the train loss leaves out skipped steps",
+        TRAINER, '            self.window["loss_steps"] -= 1\n', "",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
+    ),
+    Mutant(
+        "late-flags-unread-at-an-evaluation", "flags_read=late: the train loss, the stop step",
+        TRAINER, "            signum = self.settle() or signum", "            pass",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
+    ),
+    Mutant(
+        "late-signal-dropped", "flags_read=late: every rank stops a step later", TRAINER,
+        "            signum = self.settle()  # the previous step's flags",
+        "            signum = self.settle() and 0  # the previous step's flags",
+        (f"{T_FLAGS}::test_a_stop_signal_read_late_stops_every_rank_a_step_later_and_resumes"
+         "_exactly[ddp]",),
+    ),
+    Mutant(
+        "late-flags-name-the-wrong-step", "flags_read=late: the non-finite step is named", TRAINER,
+        "self.flags.defer(self.pos.step + 1, agreed)", "self.flags.defer(self.pos.step, agreed)",
+        (f"{T_FLAGS}::test_late_flags_stop_every_rank_on_a_nonfinite_loss_naming_the_same_step",),
+    ),
+    Mutant(
+        "late-before-optimizer-state", "flags_read=late: a skipped first step changes nothing",
+        TRAINER, "late = self.flags.late and bool(self.optimizer.state)", "late = self.flags.late",
+        (f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now",),
+    ),
+    Mutant(
+        "late-ranks-decide-alone", "flags_read=late: every rank skips alike", FLAGS,
+        "        agreed = self.parallel.agree(flags)\n        optimizer.found_inf",
+        "        agreed = flags\n        optimizer.found_inf",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[2]",),
     ),
 )

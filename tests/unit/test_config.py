@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from refddp.config import (
     FIELDS,
@@ -77,6 +78,8 @@ def test_yaml_values_are_type_checked(tmp_path):
         (["--ckpt-format", "zarr"], r"--ckpt-format: invalid choice: .zarr."),
         (["--timeout", "0"], r"^timeout: must be > 0"),
         (["--num-classes", "1"], r"^num_classes: must be >= 2"),
+        (["--flags-read", "late", "--amp", "fp16"], r"^flags_read: late cannot be used with amp"),
+        (["--flags-read", "soon"], r"--flags-read: invalid choice: .soon."),
     ],
 )
 def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
@@ -99,3 +102,14 @@ def test_bool_flags_have_negations():
 
 def test_fields_table_matches_the_dataclass():
     assert list(FIELDS) == [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def test_flags_read_auto_reads_late_on_cuda_unless_fp16_needs_the_host_anyway():
+    from refddp.step_flags import reads_late
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert reads_late(TrainConfig(), cuda) and not reads_late(TrainConfig(), cpu)
+    assert not reads_late(TrainConfig(amp="fp16"), cuda)
+    assert reads_late(TrainConfig(amp="bf16"), cuda)
+    assert reads_late(TrainConfig(flags_read="late"), cpu)
+    assert not reads_late(TrainConfig(flags_read="now"), cuda)

@@ -1,0 +1,127 @@
+"""What every rank must agree on after each step: a non-finite loss anywhere, a stop signal.
+
+Each rank builds ``[non-finite loss, SIGTERM, SIGINT]`` on the device; the flags ride the
+step's gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and
+takes the same branch. When the host reads them is ``flags_read``:
+
+- ``now``: before the optimizer step. Skip or step is a host decision, one host sync per step
+  (free on CPU, where nothing runs ahead of the host).
+- ``late``: a step later. The skip happens on the device, through the ``found_inf`` a fused
+  optimizer takes (as GradScaler uses it): a non-finite step changes neither the weights nor
+  the optimizer's state. The host reads the flags with a non-blocking copy once the next step
+  is queued, so nothing waits; a stop request, the non-finite count and its warning (or
+  ``on_nonfinite=stop``'s error) come one step later, on every rank alike. Before anything a
+  step leaves behind (evaluation, checkpoint, stop, the end) the flags are read at once.
+  Until the optimizer has state it reads ``now``: a fused optimizer's skipped first step would
+  create its state (SGD's momentum buffer uninitialised), a step that reads ``now`` does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import torch
+
+from refddp.config import TrainConfig
+
+log = logging.getLogger("refddp")
+
+
+class NonFiniteLoss(RuntimeError):
+    """A non-finite loss with ``on_nonfinite=stop``."""
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
+    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signal = signum
+
+
+def reads_late(c: TrainConfig, device: torch.device) -> bool:
+    """``flags_read`` resolved: ``auto`` reads late on CUDA unless fp16's GradScaler, which
+    reads its own inf check every step anyway, needs the host."""
+    if c.flags_read != "auto":
+        return c.flags_read == "late"
+    return device.type == "cuda" and c.amp != "fp16"
+
+
+class StepFlags:
+    """One rank's step flags: built on the device, agreed through ``parallel``, read now or a
+    step late (the pending step's flags wait in ``_host``)."""
+
+    def __init__(self, parallel: Any, stop: StopRequest, device: torch.device, late: bool):
+        self.parallel, self.stop, self.late = parallel, stop, late
+        self._by_signal = {  # [SIGTERM?, SIGINT?] by the signal received, made once
+            sig: torch.tensor([sig == signal.SIGTERM, sig == signal.SIGINT], dtype=torch.float32,
+                              device=device)
+            for sig in (None, *StopRequest.SIGNALS)
+        }  # fmt: skip
+        self._zero = torch.zeros(1, device=device)
+        pinned = device.type == "cuda"
+        self._host = torch.empty(3, dtype=torch.float32, pin_memory=pinned)
+        self._ready = torch.cuda.Event() if pinned else None
+        self._pending_step: int | None = None  # the step whose flags wait in _host
+
+    def local(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).
+
+        The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
+        over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
+        """
+        stop = self._by_signal[self.stop.signal]
+        nonfinite = self._zero if step_loss is None else step_loss.detach().float().view(1) * 0
+        return torch.cat([nonfinite, stop])
+
+    def read(self, flags: torch.Tensor) -> tuple[bool, int]:
+        """Agree on ``flags`` and read them now (a host sync): (non-finite?, stop signal)."""
+        return _decode(self.parallel.agree(flags).tolist())
+
+    def skip_on_device(self, flags: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """Agree on ``flags`` and have ``optimizer`` (fused) skip its next step on the device if
+        any rank's loss was non-finite. Returns the agreed flags, for ``defer``."""
+        agreed = self.parallel.agree(flags)
+        optimizer.found_inf = torch.isnan(agreed[0]).float()  # type: ignore[attr-defined]
+        return agreed
+
+    def defer(self, step: int, agreed: torch.Tensor) -> None:
+        """Start copying ``step``'s agreed flags to the host; ``collect`` reads them."""
+        self._host.copy_(agreed, non_blocking=self._ready is not None)
+        if self._ready is not None:
+            self._ready.record()
+        self._pending_step = step
+
+    def collect(self) -> tuple[int | None, int]:
+        """The pending step's flags: (that step if its loss was non-finite else None, stop
+        signal). Waits for the copy, which was queued a step ago. (None, 0) if none pends."""
+        step, self._pending_step = self._pending_step, None
+        if step is None:
+            return None, 0
+        if self._ready is not None:
+            self._ready.synchronize()
+        nonfinite, signum = _decode(self._host.tolist())
+        return (step if nonfinite else None), signum
+
+
+def _decode(values: list[float]) -> tuple[bool, int]:
+    nonfinite, sigterm, sigint = values
+    return bool(nonfinite), signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
