@@ -239,6 +239,8 @@ def teardown() -> None:
     """
     global _owns_group
     owned, _owns_group = _owns_group, False
+    if owned:
+        _free_the_run()
     try:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
@@ -254,6 +256,21 @@ def teardown() -> None:
         # FSDP's modules and their state form reference cycles that still hold the group;
         # collect them now rather than at some later allocation (or never, before exit).
         gc.collect()
+
+
+def _free_the_run() -> None:
+    """Free what may still hold the group (a trainer's DDP reducer) before leaving it.
+
+    torch 2.13: a reducer that holds the last reference to a destroyed gloo group joins gloo's
+    threads while holding the GIL, and a gloo thread still freeing a backward's all-reduce needs
+    the GIL to do so: the process hangs at exit. Released through the group's own Python handle
+    (``destroy_process_group``), the join lets the GIL go. So the frames of an exception in
+    flight (a trainer is in them) and reference cycles are freed first.
+    """
+    in_flight = sys.exc_info()[1]
+    if in_flight is not None:
+        traceback.clear_frames(in_flight.__traceback__)
+    gc.collect()
 
 
 def end_process(main: Callable[[], int]) -> NoReturn:

@@ -14,6 +14,7 @@ takes the same branch. When the host reads them is ``flags_read``:
   step leaves behind (evaluation, checkpoint, stop, the end) the flags are read at once.
   Until the optimizer has state it reads ``now``: a fused optimizer's skipped first step would
   create its state (SGD's momentum buffer uninitialised), a step that reads ``now`` does not.
+  An optimizer that never keeps state (SGD without momentum) reads ``late`` from the start.
 """
 
 from __future__ import annotations
@@ -81,6 +82,14 @@ class StepFlags:
         self._host = torch.empty(3, dtype=torch.float32, pin_memory=pinned)
         self._ready = torch.cuda.Event() if pinned else None
         self._pending_step: int | None = None  # the step whose flags wait in _host
+
+    def late_for(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether this step reads late: the optimizer has state already, or never keeps any
+        (the same on every rank: all step together)."""
+        stateless = isinstance(optimizer, torch.optim.SGD) and not any(
+            group["momentum"] for group in optimizer.param_groups
+        )
+        return self.late and (bool(optimizer.state) or stateless)
 
     def local(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).

@@ -289,7 +289,7 @@ class Trainer:
         """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal
         (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
         c, w = self.c, self.window
-        late = self.flags.late and bool(self.optimizer.state)  # see step_flags
+        late = self.flags.late_for(self.optimizer)
         step_loss: torch.Tensor | None = None  # the micro-batches' summed loss, on the device
         for micro in range(c.grad_accum):
             waited = time.perf_counter()

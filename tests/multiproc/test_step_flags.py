@@ -80,17 +80,23 @@ def test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now(spawn, 
     assert_same_weights(late["optimizer"]["state"], now["optimizer"]["state"], **ROUNDING)
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_a_late_step_reads_nothing_but_the_previous_steps_flags(spawn, tmp_path, world_size):
+@pytest.mark.parametrize(
+    "world_size, optimizer", [(1, "adamw"), (2, "adamw"), (2, "sgd")], ids=["1", "2", "2-sgd"]
+)
+def test_a_late_step_reads_nothing_but_the_previous_steps_flags(
+    spawn, tmp_path, world_size, optimizer
+):
+    job = dict(optimizer=optimizer, momentum=0.0)  # SGD without momentum: no state, ever
     late = spawn(fit_recording_host_reads, str(tmp_path / "late"), world_size=world_size,
-                 flags_read="late")[0]  # fmt: skip
+                 flags_read="late", **job)[0]  # fmt: skip
     steps = late["reads"]
     assert len(steps) == late["step"] == 48 // world_size
-    # Step 1 reads now (no optimizer state yet); after it, each step reads at most the flags
-    # copied a step ago (none right after an evaluation or save, which read them already).
-    assert "device" in steps[0]
+    # AdamW's step 1 reads now (no optimizer state yet); a stateless SGD's reads late from
+    # the start. Then each step reads at most the flags copied a step ago (none right after an
+    # evaluation or save, which read them already).
+    assert ("device" in steps[0]) == (optimizer == "adamw"), steps[0]
     assert all(reads in ([], ["flags"]) for reads in steps[1:]), steps
     assert steps.count(["flags"]) >= len(steps) * 3 // 4
     now = spawn(fit_recording_host_reads, str(tmp_path / "now"), world_size=world_size,
-                flags_read="now")[0]  # fmt: skip
+                flags_read="now", **job)[0]  # fmt: skip
     assert all("device" in reads for reads in now["reads"]), "the probe sees a step's host sync"

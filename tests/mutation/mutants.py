@@ -435,7 +435,7 @@ MUTANTS = (
     ),
     Mutant(
         "late-before-optimizer-state", "flags_read=late: a skipped first step changes nothing",
-        TRAINER, "late = self.flags.late and bool(self.optimizer.state)", "late = self.flags.late",
+        FLAGS, "return self.late and (bool(optimizer.state) or stateless)", "return self.late",
         (f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now",),
     ),
     Mutant(
@@ -443,5 +443,24 @@ MUTANTS = (
         "        agreed = self.parallel.agree(flags)\n        optimizer.found_inf",
         "        agreed = flags\n        optimizer.found_inf",
         (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[2]",),
+    ),
+    Mutant(
+        "late-never-for-a-stateless-optimizer", "flags_read=late: no host sync per step", FLAGS,
+        "        stateless = isinstance(optimizer, torch.optim.SGD) and not any(",
+        "        stateless = False and not any(",
+        (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[2-sgd]",),
+    ),
+    Mutant(
+        "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
+        "        traceback.clear_frames(in_flight.__traceback__)\n    gc.collect()",
+        "        pass\n    gc.collect()",
+        ("tests/unit/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
+         "_group",),
+    ),
+    Mutant(
+        "run-freed-after-the-group", "a finished run exits 0: no exit deadlock", DIST,
+        "    if owned:\n        _free_the_run()\n", "",
+        ("tests/unit/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
+         "_group",),
     ),
 )

@@ -16,6 +16,10 @@ def main():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     model(torch.ones(1, 2)).sum().backward()
+    # Freed before the group, as refddp's ranks do (see run_rank): a DDP reducer that holds the
+    # last reference to a destroyed gloo group joins gloo's threads holding the GIL, while one
+    # of them may need the GIL to free the backward's all-reduce: a deadlock (torch 2.13).
+    del model
     dist.destroy_process_group()
     print("unflushed output", end="")
     {ending}
@@ -78,3 +82,31 @@ def test_teardown_logs_instead_of_raising_when_leaving_the_group_fails(monkeypat
     assert "leaving the process group failed" in caplog.text
     assert "NCCL communicator was aborted" in caplog.text
     assert rd._owns_group is False
+
+
+def test_teardown_frees_the_run_before_it_leaves_the_group(monkeypatch):
+    """A DDP reducer holding the last reference to a destroyed group can deadlock the exit
+    (``dist._free_the_run``): teardown frees what holds it, in a failing rank's frames or in
+    reference cycles, before it destroys the group."""
+    import refddp.dist as rd
+
+    events = []
+
+    class Reducer:  # stands for DDP's reducer, which holds the group
+        def __del__(self):
+            events.append("run freed")
+
+    def fit():
+        reducer = Reducer()
+        reducer.cycle = reducer  # only the cycle collector frees it, once the frame lets go
+        raise RuntimeError("a bug in the rank")
+
+    monkeypatch.setattr(rd, "_owns_group", True)
+    monkeypatch.setattr(rd.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(rd.dist, "destroy_process_group", lambda: events.append("group left"))
+    with pytest.raises(RuntimeError, match="a bug in the rank"):
+        try:
+            fit()
+        finally:
+            rd.teardown()
+    assert events == ["run freed", "group left"]
