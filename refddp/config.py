@@ -123,7 +123,7 @@ class TrainConfig:
         "auto",
         "when the host reads each step's agreed flags (non-finite loss, stop signal): now = "
         "before the optimizer step (a host sync per step), late = a step later, the skip done "
-        "on the device by a fused optimizer; auto = late on CUDA unless amp fp16, else now",
+        "on the device by a fused optimizer; auto = now (late is opt-in for now)",
         ("auto", "now", "late"),
     )
     progress: bool = _opt(True, "rank-0 progress bar", inherit=False)

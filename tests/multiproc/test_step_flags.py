@@ -1,4 +1,4 @@
-"""``flags_read=late`` (CUDA's default): each step's agreement, read a step later.
+"""``flags_read=late`` (opt-in): each step's agreement, read a step later.
 
 The non-finite skip happens on the device (a fused optimizer's ``found_inf``), and the host
 reads the agreed flags only once the next step is queued, so a step needs no host sync. Every

@@ -104,12 +104,11 @@ def test_fields_table_matches_the_dataclass():
     assert list(FIELDS) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
-def test_flags_read_auto_reads_late_on_cuda_unless_fp16_needs_the_host_anyway():
+def test_flags_read_late_only_when_asked_for():
     from refddp.step_flags import reads_late
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert reads_late(TrainConfig(), cuda) and not reads_late(TrainConfig(), cpu)
-    assert not reads_late(TrainConfig(amp="fp16"), cuda)
-    assert reads_late(TrainConfig(amp="bf16"), cuda)
+    assert not reads_late(TrainConfig(), cuda) and not reads_late(TrainConfig(), cpu)
     assert reads_late(TrainConfig(flags_read="late"), cpu)
+    assert reads_late(TrainConfig(flags_read="late"), cuda)
     assert not reads_late(TrainConfig(flags_read="now"), cuda)
