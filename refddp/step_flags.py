@@ -58,12 +58,8 @@ class StopRequest:
         self.signal = signum
 
 
-def reads_late(c: TrainConfig, device: torch.device) -> bool:
-    """``flags_read`` resolved: ``late`` only when asked for."""
-    # auto is now everywhere until two known gaps close: a checkpoint saved by a non-fused
-    # optimizer resumed with late brings back fused=None (load_state_dict), and FSDP2 has no
-    # DTensor rule for fused SGD.
-    del device
+def reads_late(c: TrainConfig) -> bool:
+    """``flags_read`` resolved: ``auto`` is ``now`` (``late`` is opt-in, untested on GPUs)."""
     return c.flags_read == "late"
 
 
