@@ -335,6 +335,11 @@ def validate(c: TrainConfig) -> None:
             "flags_read: late cannot be used with amp fp16 (its gradient scaler reads its "
             "inf check every step); use flags_read auto or now"
         )
+    if c.flags_read == "late" and c.strategy == "fsdp" and c.optimizer == "sgd":
+        raise ConfigError(
+            "flags_read: late needs a fused optimizer, and torch has no fused SGD for "
+            "--strategy fsdp's sharded parameters; use --optimizer adamw or flags_read now"
+        )
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not _is_checkpoint_path(c.resume):

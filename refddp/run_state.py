@@ -199,6 +199,7 @@ def restore(
             "the training set changed; resume with the same data"
         )
     ckpt.check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
+    _keep_kernels(state["optimizer_state_dict"]["param_groups"], parts.optimizer)
     if "dcp_checkpoint" in state:  # sharded: every rank reads its own shards
         from refddp import checkpoint_dcp
 
@@ -229,6 +230,20 @@ def restore(
         eval_pending=state.get("eval_pending", False),
         window=window,
     )
+
+
+# How an optimizer runs, not what it computes: this invocation's choice (flags_read=late
+# needs fused kernels), whatever the saved run used.
+KERNEL_KEYS = ("fused", "foreach", "capturable")
+
+
+def _keep_kernels(saved_groups: list[dict[str, Any]], optimizer: torch.optim.Optimizer) -> None:
+    """Give the saved param groups this optimizer's kernel choices before they are loaded:
+    ``load_state_dict`` takes them from the checkpoint, and places the state by them (a fused
+    optimizer keeps its step count on the parameter's device)."""
+    # A different number of groups: load_state_dict refuses it below, in its own words.
+    for saved, live in zip(saved_groups, optimizer.param_groups, strict=False):
+        saved.update({key: live[key] for key in KERNEL_KEYS if key in live})
 
 
 def _apply_hyperparameters(parts: RunParts, c: TrainConfig) -> None:

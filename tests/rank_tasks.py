@@ -181,6 +181,7 @@ def fit_full_weights(out: str, **overrides) -> dict:
         "step": result["step"],
         "stopped_by": result["stopped_by"],
         "resumed_from": trainer.resumed_from,
+        "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
     }
 
 

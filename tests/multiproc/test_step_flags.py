@@ -100,3 +100,19 @@ def test_a_late_step_reads_nothing_but_the_previous_steps_flags(
     now = spawn(fit_recording_host_reads, str(tmp_path / "now"), world_size=world_size,
                 flags_read="now", **job)[0]  # fmt: skip
     assert all("device" in reads for reads in now["reads"]), "the probe sees a step's host sync"
+
+
+@pytest.mark.parametrize("strategy, ckpt_format", [("ddp", "full"), ("fsdp", "dcp")])
+def test_a_run_resumes_across_flags_read_with_this_invocations_kernels(
+    spawn, tmp_path, strategy, ckpt_format
+):
+    # load_state_dict would bring back the saved run's kernels (fused=None from a `now` run)
+    # under a `late` invocation, whose fused-only found_inf skip would then fail.
+    job = dict(EXPLODING, strategy=strategy, ckpt_format=ckpt_format)
+    straight = spawn(fit_full_weights, str(tmp_path / "straight"), **job)[0]
+    out = str(tmp_path / "run")
+    spawn(fit_full_weights, out, stop_after=5, **job)  # flags_read now: foreach kernels
+    resumed = spawn(fit_full_weights, out, flags_read="late", **job)[0]
+    assert resumed["resumed_from"] and resumed["step"] == straight["step"]
+    assert resumed["fused"], "the resumed optimizer runs this invocation's fused kernels"
+    assert_same_weights(resumed["weights"], straight["weights"], **ROUNDING)

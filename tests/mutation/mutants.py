@@ -463,4 +463,11 @@ MUTANTS = (
         ("tests/unit/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
          "_group",),
     ),
+    Mutant(
+        "resume-takes-the-saved-kernels", "a run resumes across flags_read", RUN_STATE,
+        "    _keep_kernels(state[\"optimizer_state_dict\"][\"param_groups\"], parts.optimizer)\n",
+        "",
+        (f"{T_FLAGS}::test_a_run_resumes_across_flags_read_with_this_invocations_kernels"
+         "[ddp-full]",),
+    ),
 )

@@ -79,6 +79,8 @@ def test_yaml_values_are_type_checked(tmp_path):
         (["--num-classes", "1"], r"^num_classes: must be >= 2"),
         (["--flags-read", "late", "--amp", "fp16"], r"^flags_read: late cannot be used with amp"),
         (["--flags-read", "soon"], r"--flags-read: invalid choice: .soon."),
+        (["--flags-read", "late", "--strategy", "fsdp", "--optimizer", "sgd"],
+         r"^flags_read: late needs a fused optimizer, and torch has no fused SGD for"),
     ],
 )
 def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
