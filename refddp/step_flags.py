@@ -95,7 +95,7 @@ class StepFlags:
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
         stop = self._by_signal[self.stop.signal]
-        nonfinite = self._zero if step_loss is None else step_loss.detach().float().view(1) * 0
+        nonfinite = self._zero if step_loss is None else (step_loss.detach().view(1) * 0).float()
         return torch.cat([nonfinite, stop])
 
     def read(self, flags: torch.Tensor) -> tuple[bool, int]:

@@ -436,7 +436,8 @@ MUTANTS = (
     Mutant(
         "late-before-optimizer-state", "flags_read=late: a skipped first step changes nothing",
         FLAGS, "return self.late and (bool(optimizer.state) or stateless)", "return self.late",
-        (f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now",),
+        (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[1]",
+         f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now"),
     ),
     Mutant(
         "late-ranks-decide-alone", "flags_read=late: every rank skips alike", FLAGS,
