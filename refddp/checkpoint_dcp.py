@@ -122,7 +122,12 @@ def read_metadata(path: str) -> Metadata:
     except Exception as exc:  # noqa: BLE001 - truncated, not a pickle, ...: all "corrupt"
         reason = type(exc).__name__
         raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata ({reason})") from None
-    if not isinstance(metadata, Metadata):
+    storage = getattr(metadata, "storage_data", None)
+    if not (isinstance(metadata, Metadata) and isinstance(metadata.state_dict_metadata, dict)
+            and isinstance(storage, dict)
+            and all(isinstance(getattr(info, "offset", None), int)
+                    and isinstance(getattr(info, "length", None), int)
+                    for info in storage.values())):  # fmt: skip
         raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata (not DCP metadata)")
     objects = [k for k, v in metadata.state_dict_metadata.items()
                if not isinstance(v, TensorStorageMetadata)]  # fmt: skip
@@ -137,7 +142,7 @@ def read_metadata(path: str) -> Metadata:
 def _check_complete(path: str, metadata: Metadata) -> None:
     """Every shard file the metadata names is a plain name inside ``path`` and holds its bytes."""
     sizes: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
+    for info in metadata.storage_data.values():
         name = getattr(info, "relative_path", None)
         if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name
                 or "\\" in name or os.sep in name):  # fmt: skip

@@ -128,3 +128,16 @@ def test_a_link_is_resolved_once_so_tensors_come_from_the_run_states_checkpoint(
     link.unlink()
     link.symlink_to("checkpoint_step00000002.dcp")  # a live run saved meanwhile
     assert torch.equal(checkpoint_dcp.load_full(state)["model_state_dict"]["w"], torch.ones(3))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_metadata_of_the_wrong_shape_is_one_line_not_a_traceback(tmp_path, capsys):
+    checkpoint = a_dcp_checkpoint(tmp_path / "x.dcp", torch.ones(3))
+    metadata = checkpoint_dcp.read_metadata(str(checkpoint))
+    for damage in ({"storage_data": None}, {"state_dict_metadata": []}):
+        bad = dcp.metadata.Metadata(**{"state_dict_metadata": metadata.state_dict_metadata,
+                                       "storage_data": metadata.storage_data, **damage})
+        (checkpoint / ".metadata").write_bytes(pickle.dumps(bad))
+        assert convert_checkpoint.main([str(checkpoint), str(tmp_path / "o.pth")]) == 2
+        line = error_line(capsys)
+        assert "x.dcp: corrupt dcp .metadata" in line, line
