@@ -123,7 +123,8 @@ class TrainConfig:
         "auto",
         "when the host reads each step's agreed flags (non-finite loss, stop signal): now = "
         "before the optimizer step (a host sync per step), late = a step later, the skip done "
-        "on the device by a fused optimizer; auto = now (late is opt-in for now)",
+        "on the device by a fused optimizer; auto = late on CUDA (except with amp fp16, or "
+        "FSDP with SGD), now on the CPU, where a host read is free",
         ("auto", "now", "late"),
     )
     progress: bool = _opt(True, "rank-0 progress bar", inherit=False)

@@ -15,6 +15,7 @@ takes the same branch. When the host reads them is ``flags_read``:
   Until the optimizer has state it reads ``now``: a fused optimizer's skipped first step would
   create its state (SGD's momentum buffer uninitialised), a step that reads ``now`` does not.
   An optimizer that never keeps state (SGD without momentum) reads ``late`` from the start.
+- ``auto`` (the default): ``late`` on CUDA, ``now`` on the CPU (``reads_late``).
 """
 
 from __future__ import annotations
@@ -58,9 +59,15 @@ class StopRequest:
         self.signal = signum
 
 
-def reads_late(c: TrainConfig) -> bool:
-    """``flags_read`` resolved: ``auto`` is ``now`` (``late`` is opt-in, untested on GPUs)."""
-    return c.flags_read == "late"
+def reads_late(c: TrainConfig, device: torch.device) -> bool:
+    """``flags_read`` resolved. ``auto`` reads late where a host sync costs a step: on CUDA,
+    unless fp16's GradScaler reads its own inf check every step anyway, or the optimizer has no
+    fused kernel for the strategy (FSDP's sharded SGD). On the CPU nothing runs ahead of the
+    host, so a read ``now`` is free and the optimizer keeps torch's default kernels."""
+    if c.flags_read != "auto":
+        return c.flags_read == "late"
+    no_fused_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"
+    return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel
 
 
 class StepFlags:

@@ -129,7 +129,7 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        late = reads_late(c)  # the step flags read a step late: a fused optimizer
+        late = reads_late(c, self.device)  # the step flags read a step late: a fused optimizer
         self.optimizer = build_optimizer(self.model, c, late)  # after FSDP's sharding
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(c, self.total_steps)

@@ -204,6 +204,7 @@ def test_fsdp_with_torch_compile_on_two_gpus(tmp_path):
 
 @pytest.mark.world_size(1, 2)
 def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_size, tmp_path):
-    # flags_read late: the skip is on the device, the flags are read a step on.
-    for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path), flags_read="late"):
+    # The default (flags_read auto reads late on CUDA): the skip is on the device, the flags
+    # are read a step on.
+    for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path)):
         assert result["late"] and result["step"] == 48 // _refddp_world_size

@@ -452,6 +452,12 @@ MUTANTS = (
         (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[2-sgd]",),
     ),
     Mutant(
+        "auto-reads-now-on-cuda", "flags_read auto: no host sync per step on CUDA", FLAGS,
+        '    return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel',
+        "    return False",
+        ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
+    ),
+    Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
         "        traceback.clear_frames(in_flight.__traceback__)\n    gc.collect()",
         "        pass\n    gc.collect()",

@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from refddp.config import (
     FIELDS,
@@ -105,9 +106,20 @@ def test_fields_table_matches_the_dataclass():
     assert list(FIELDS) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
-def test_flags_read_late_only_when_asked_for():
+@pytest.mark.parametrize(
+    ("flags", "device", "late"),
+    [
+        ({}, "cuda", True),  # auto: no host sync per step where one costs
+        ({}, "cpu", False),  # auto: a host read is free on the CPU
+        ({"amp": "bf16"}, "cuda", True),
+        ({"amp": "fp16"}, "cuda", False),  # GradScaler reads its inf check every step anyway
+        ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", False),  # no sharded fused SGD
+        ({"strategy": "fsdp"}, "cuda", True),
+        ({"flags_read": "late"}, "cpu", True),
+        ({"flags_read": "now"}, "cuda", False),
+    ],
+)
+def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, late):
     from refddp.step_flags import reads_late
 
-    assert not reads_late(TrainConfig())
-    assert reads_late(TrainConfig(flags_read="late"))
-    assert not reads_late(TrainConfig(flags_read="now"))
+    assert reads_late(TrainConfig(**flags), torch.device(device)) is late
