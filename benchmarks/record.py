@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from typing import Any
 
@@ -33,12 +34,28 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def write(name: str, results: Any, table: str) -> str:
+def commit() -> str | None:
+    """The checked-out commit, with ``+`` when the tree has uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=RESULTS, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    try:
+        return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write(name: str, results: Any, table: str, load_before: float | None = None) -> str:
+    """``load_before``: the 1-minute load average when the benchmark started (this machine is
+    shared: a high load makes a run's numbers noise)."""
     os.makedirs(RESULTS, exist_ok=True)
     record = {
         "benchmark": name,
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "commit": commit(),
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "machine": machine(),
         "results": results,
         "table": table,

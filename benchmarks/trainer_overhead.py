@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--models", default="demo,large")
     parser.add_argument("--ranks", default="1,2")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     results, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
@@ -89,7 +90,7 @@ def main() -> None:
                 )
                 print(rows[-1], flush=True)
     header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
-    write("trainer_overhead", results, "\n".join([header, *rows]))
+    write("trainer_overhead", results, "\n".join([header, *rows]), load_before)
 
 
 if __name__ == "__main__":
