@@ -22,9 +22,10 @@ from torch import nn
 from refddp import checkpoint as ckpt
 from refddp.config import TrainConfig
 from refddp.data import ShardSampler, build_datasets, make_loader
-from refddp.dist import DistContext, HangWatchdog, agree_any, rank0_then_meet
+from refddp.dist import DistContext, agree_any, rank0_then_meet
 from refddp.models import build_model
 from refddp.parallel import runs_in_lockstep
+from refddp.watchdog import HangWatchdog
 
 
 def autocast(c: TrainConfig, device: torch.device) -> Any:

@@ -6,6 +6,7 @@ any rank starts, printed as one line, and exit with code 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 
 from refddp import checkpoint as ckpt
 from refddp import run_state
@@ -27,7 +29,6 @@ from refddp.config import (
 )
 from refddp.data import build_datasets
 from refddp.dist import (
-    HangWatchdog,
     RankZeroError,
     end_process,
     init_distributed,
@@ -37,6 +38,7 @@ from refddp.dist import (
 )
 from refddp.launch import CONFIG_ENV, launch, record_usage_error
 from refddp.models import build_model
+from refddp.watchdog import HangWatchdog
 
 log = logging.getLogger("refddp")
 EXIT_USAGE = 2
@@ -114,6 +116,31 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         raise ConfigError(f"out: cannot write to run directory {c.out}: {exc.strerror}") from None
 
 
+def take_rank0_run_config(c: TrainConfig, rank: int, world_size: int) -> TrainConfig:
+    """Every rank runs rank 0's run config (one broadcast); this invocation's own fields (out,
+    resume, progress, ...) stay this rank's.
+
+    Under plain torchrun each rank resolves its config itself, and what the command line
+    leaves out comes from the checkpoint it resumes. With a node-local ``--out`` only rank 0's
+    node has that checkpoint (every rank resumes from rank 0's state), so a rank elsewhere
+    would otherwise build the model, or apply the learning rate, of a fresh run. A rank whose
+    own config differed says so, naming the fields.
+    """
+    if world_size == 1:
+        return c
+    theirs = [c.run_fields if rank == 0 else None]
+    dist.broadcast_object_list(theirs, src=0)
+    run = theirs[0]
+    differ = {k: (v, getattr(c, k)) for k, v in run.items() if getattr(c, k) != v}
+    if differ:
+        log.warning(
+            "rank %d runs rank 0's config, which differs from the one resolved here in %s",
+            rank,
+            ", ".join(f"{k}={v!r} (here {mine!r})" for k, (v, mine) in sorted(differ.items())),
+        )
+    return dataclasses.replace(c, **run)
+
+
 def run_rank(c: TrainConfig) -> int:
     """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
     from refddp.evaluation import run_eval, run_predict
@@ -124,6 +151,7 @@ def run_rank(c: TrainConfig) -> int:
     # The hang watchdog (c.timeout) fires before the collective timeout does.
     ctx = init_distributed(c.device, c.timeout + 60, trace_dir=stacks_dir)
     setup_logging(ctx.rank, c.log_all_ranks)
+    c = take_rank0_run_config(c, ctx.rank, ctx.world_size)
     if c.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True)

@@ -27,13 +27,14 @@ from refddp import checkpoint as ckpt
 from refddp import checkpoint_dcp, run_state
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
-from refddp.dist import DistContext, HangWatchdog, rank0_then_meet
+from refddp.dist import DistContext, rank0_then_meet
 from refddp.evaluation import autocast, evaluate
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.parallel import build_parallel
 from refddp.step_flags import NonFiniteLoss, StepFlags, StopRequest, reads_late
 from refddp.sync_batchnorm import convert_sync_batchnorm
+from refddp.watchdog import HangWatchdog
 
 log = logging.getLogger("refddp")
 

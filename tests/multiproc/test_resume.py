@@ -123,16 +123,23 @@ def test_init_from_a_checkpoint_of_another_model_is_refused_before_any_rank(run_
 
 
 def test_two_nodes_with_node_local_out_resume_from_the_same_state(tmp_path, tiny, spawn):
-    # Only rank 0 writes checkpoints, so only node A's --out has one when the job reruns.
+    # Only rank 0 writes checkpoints, so only node A's --out has one when the job reruns; the
+    # rerun leaves the model's width and the learning rate to that checkpoint's config, which
+    # node B cannot read: it must run rank 0's config, not a fresh run's defaults.
     outs = [tmp_path / "node-a", tmp_path / "node-b"]
-    for extra in (["--stop-after", 5], []):
+    job = {**tiny, "lr": 0.02}
+    rerun = {k: v for k, v in job.items() if k not in ("hidden_size", "lr")}
+    for extra, flags in ((["--stop-after", 5], job), ([], rerun)):
         rendezvous = loopback_store()
-        commands = [torchrun_node_command(rendezvous.port, 2, out, *extra, **tiny) for out in outs]
+        commands = [torchrun_node_command(rendezvous.port, 2, out, *extra, **flags)
+                    for out in outs]  # fmt: skip
         nodes = run_nodes(commands)
         assert [code for code, _ in nodes] == [0, 0], "\n".join(log for _, log in nodes)
+    told = "rank 1 runs rank 0's config, which differs from the one resolved here in "
+    assert told + "hidden_size=16 (here 128), lr=0.02 (here 0.003)" in nodes[1][1], nodes[1][1]
     assert not (outs[1] / "checkpoints").exists()
     resumed = torch.load(outs[0] / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
-    straight = run(train_command(tmp_path / "straight", "--nproc", 2, **tiny))
+    straight = run(train_command(tmp_path / "straight", "--nproc", 2, **job))
     assert straight.returncode == 0, straight.stderr
     expected = torch.load(tmp_path / "straight" / "checkpoints" / "checkpoint_latest.pth",
                           weights_only=True)  # fmt: skip

@@ -35,6 +35,7 @@ T_MODELS = "tests/multiproc/test_realistic_models.py"
 T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
 DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
+WATCHDOG = "refddp/watchdog.py"
 FLAGS, T_FLAGS = "refddp/step_flags.py", "tests/multiproc/test_step_flags.py"
 
 MUTANTS = (
@@ -342,13 +343,13 @@ MUTANTS = (
         (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
     ),
     Mutant(
-        "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", DIST,
+        "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", WATCHDOG,
         "        if last != self._armed_for:\n            self._arm(last)", "        pass",
         (f"{T_WATCHDOG}::test_steps_never_touch_the_timer_and_the_helper_rearms_it_for_the_last"
          "_progress",),
     ),
     Mutant(
-        "watchdog-helper-idle", "hang watchdog: no firing while progress is made", DIST,
+        "watchdog-helper-idle", "hang watchdog: no firing while progress is made", WATCHDOG,
         "            self.rearm_if_progressed()", "            pass",
         (f"{T_WATCHDOG}::test_the_helper_thread_rearms_after_progress",),
     ),
@@ -456,6 +457,12 @@ MUTANTS = (
         '    return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel',
         "    return False",
         ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
+    ),
+    Mutant(
+        "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",
+        "refddp/train.py", "    return dataclasses.replace(c, **run)", "    return c",
+        ("tests/multiproc/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
+         "_same_state",),
     ),
     Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
