@@ -1,0 +1,140 @@
+"""What refddp's training step costs over a plain DDP step, measured inside one process.
+
+    python benchmarks/step_overhead.py [--blocks 40] [--steps 16] [--models demo,large] [--ranks 1,2]
+
+trainer_overhead.py compares whole runs, whose throughput on this shared 2-core machine moves
+by 20-30% from one run to the next: more than the overhead it looks for. Here each rank holds
+both loops at once, over the same job (overhead_job.py: model, data path, global batch, AdamW):
+refddp's ``Trainer.train_step`` (loader fetch, step flags riding DDP's all-reduce, the loss
+kept on the device, optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
+model), in alternating blocks of ``--steps`` steps. Both loops see the same machine at nearly
+the same moment, so the median time per step of each, and their ratio, is steady to a few
+percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
+not steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from overhead_job import GLOBAL_BATCH, LR, MODELS, TRAIN_SIZE, VAL_SIZE, WEIGHT_DECAY, Job, TensorBatches, first  # noqa: E402, I001
+from record import write  # noqa: E402
+
+
+def rank_main(model_name: str, blocks: int, steps: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from refddp.config import TrainConfig
+    from refddp.dist import init_distributed
+    from refddp.trainer import Trainer
+    from refddp.watchdog import HangWatchdog
+
+    job = Job(model_name)
+    c = TrainConfig(**MODELS[model_name], global_batch_size=GLOBAL_BATCH, train_size=TRAIN_SIZE,
+                    val_size=VAL_SIZE, epochs=1000, lr=LR, weight_decay=WEIGHT_DECAY,
+                    lr_schedule="constant", optimizer="adamw", progress=False, resume="never",
+                    out=out)  # fmt: skip
+    ctx = init_distributed("cpu")
+    world, rank = ctx.world_size, ctx.rank
+    watchdog = HangWatchdog(os.path.join(out, "stacks", f"rank{rank}.txt"), c.timeout).__enter__()
+    trainer = Trainer(c, ctx, watchdog)
+    # Every block starts at a multiple of ``steps`` into an epoch and must not cross its end.
+    assert trainer.sampler.steps_per_epoch % steps == 0, "--steps must divide steps per epoch"
+    trainer.model.train()
+    model, x, y, _, _ = job.build()
+    plain = DDP(model) if world > 1 else model
+    opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    sampler = DistributedSampler(TensorBatches(x, y), world, rank, seed=0, drop_last=True)
+    loader = DataLoader(TensorBatches(x, y), GLOBAL_BATCH // world, sampler=sampler,
+                        drop_last=True, collate_fn=first)  # fmt: skip
+
+    def refddp_block() -> float:
+        batches = trainer.epoch_batches()
+        begin = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step(batches)
+        return (time.perf_counter() - begin) / steps
+
+    def plain_block() -> float:
+        batches = iter(loader)
+        begin = time.perf_counter()
+        for _ in range(steps):
+            xb, yb = next(batches)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(plain(xb), yb).backward()
+            opt.step()
+        return (time.perf_counter() - begin) / steps
+
+    times: dict[str, list[float]] = {"refddp": [], "plain": []}
+    for block in range(blocks + 2):  # the first two of each warm up
+        for name, run in (("refddp", refddp_block), ("plain", plain_block))[:: 1 - 2 * (block % 2)]:
+            if world > 1:
+                dist.barrier()
+            t = run()
+            if block >= 2:
+                times[name].append(t)
+    if rank == 0:
+        print(json.dumps(times), flush=True)
+    watchdog.__exit__(None, None, None)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=16, help="steps per block (< steps per epoch)")
+    parser.add_argument("--models", default="demo,large")
+    parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_main:
+        rank_main(args.rank_main[0], args.blocks, args.steps, args.rank_main[1])
+        return
+    load_before = os.getloadavg()[0]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    results, rows = [], []
+    for model in args.models.split(","):
+        for ranks in map(int, args.ranks.split(",")):
+            with tempfile.TemporaryDirectory() as out:
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc-per-node", str(ranks), os.path.abspath(__file__),
+                       "--blocks", str(args.blocks), "--steps", str(args.steps),
+                       "--rank-main", model, out]  # fmt: skip
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                                      cwd=os.path.dirname(HERE))  # fmt: skip
+            if proc.returncode != 0:
+                raise SystemExit(f"{model} at {ranks} rank(s) failed:\n{proc.stderr[-3000:]}")
+            times = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+            med = {k: statistics.median(v) for k, v in times.items()}
+            paired = statistics.median(a / b for a, b in zip(times["refddp"], times["plain"], strict=True))
+            entry = {"model": model, "ranks": ranks, "median_step_s": med, "blocks": times,
+                     "throughput_vs_plain": med["plain"] / med["refddp"],
+                     "paired_throughput_vs_plain": 1 / paired,
+                     "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6}  # fmt: skip
+            results.append(entry)
+            rows.append(
+                f"{model:6} {ranks} rank(s) | step: refddp {med['refddp'] * 1e3:7.3f} ms, plain "
+                f"{med['plain'] * 1e3:7.3f} ms | refddp/plain throughput "
+                f"{entry['throughput_vs_plain']:.3f}x (paired blocks {entry['paired_throughput_vs_plain']:.3f}x)"
+                f" | overhead {entry['overhead_us_per_step']:+.0f} us/step"
+            )
+            print(rows[-1], flush=True)
+    header = f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps per loop, in one process per rank"
+    write("step_overhead", results, "\n".join([header, *rows]), load_before)
+
+
+if __name__ == "__main__":
+    main()
