@@ -37,6 +37,7 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/trainer_overhead.py
+	$(PY) benchmarks/step_overhead.py
 
 clean:
 	rm -rf $(VENV) runs
