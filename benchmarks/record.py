@@ -35,13 +35,16 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str | None:
-    """The checked-out commit, with ``+`` when the tree has uncommitted changes."""
+    """The checked-out commit, with ``+`` when tracked files outside the results differ from it
+    (results a run has just written do not count)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=RESULTS, capture_output=True, text=True,
                               check=True).stdout.strip()  # fmt: skip
 
     try:
-        return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain") else "")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/",
+                      ":(top,exclude)benchmarks/results")  # fmt: skip
+        return git("rev-parse", "--short", "HEAD") + ("+" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 

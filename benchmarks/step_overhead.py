@@ -95,7 +95,7 @@ def rank_main(model_name: str, blocks: int, steps: int, out: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=40)
-    parser.add_argument("--steps", type=int, default=16, help="steps per block (< steps per epoch)")
+    parser.add_argument("--steps", type=int, default=16, help="steps per block (must divide the steps per epoch)")
     parser.add_argument("--models", default="demo,large")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)

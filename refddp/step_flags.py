@@ -84,7 +84,9 @@ class StepFlags:
         self._zero = torch.zeros(1, device=device)
         pinned = device.type == "cuda"
         self._host = torch.empty(3, dtype=torch.float32, pin_memory=pinned)
-        self._ready = torch.cuda.Event() if pinned else None
+        # blocking: the host sleeps while it waits for the copy (a spin would take a core
+        # from the data loader for up to a step)
+        self._ready = torch.cuda.Event(blocking=True) if pinned else None
         self._pending_step: int | None = None  # the step whose flags wait in _host
 
     def late_for(self, optimizer: torch.optim.Optimizer) -> bool:

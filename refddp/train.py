@@ -20,12 +20,15 @@ import torch.distributed as dist
 from refddp import checkpoint as ckpt
 from refddp import run_state
 from refddp.config import (
+    IMPORT_FIELDS,
     ConfigError,
     TrainConfig,
+    is_import_path,
     load_yaml,
     merge,
     parse_cli,
     per_rank_batch_size,
+    validate,
 )
 from refddp.data import build_datasets
 from refddp.dist import (
@@ -47,22 +50,24 @@ EXIT_USAGE = 2
 Resumed = tuple[str, dict] | None  # (path, state) of the checkpoint `resume` names
 
 
-def resolve_config(argv: list[str]) -> tuple[TrainConfig, Resumed]:
+def resolve_config(argv: list[str]) -> tuple[TrainConfig, Resumed, set[str]]:
     """CLI flag > --config YAML > the checkpoint's config (eval, predict, resume) > default.
 
-    Also returns the checkpoint it read, so the checks that follow need not load it again.
+    Also returns the checkpoint it read, so the checks that follow need not load it again, and
+    the fields the command gave (flags and YAML).
     """
     cli, config_path = parse_cli(argv)
     from_yaml = load_yaml(config_path) if config_path else {}
+    given = {*cli, *from_yaml}
     base = merge(cli, from_yaml)
     # resume, out and task never come from a checkpoint: base finds the same one c would.
     resumed = ckpt.load_resume_checkpoint(base)
     if resumed is None:
-        return base, None
+        return base, None, given
     c = merge(cli, from_yaml, resumed[1]["config"])
     if c.task == "train":  # the same run goes on: refused changes fail, its global batch stays
-        c = run_state.continue_run(c, resumed[1], resumed[0], explicit={*cli, *from_yaml})
-    return c, resumed
+        c = run_state.continue_run(c, resumed[1], resumed[0], explicit=given)
+    return c, resumed, given
 
 
 def resolve_nproc(c: TrainConfig) -> int:
@@ -116,33 +121,62 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         raise ConfigError(f"out: cannot write to run directory {c.out}: {exc.strerror}") from None
 
 
-def take_rank0_run_config(c: TrainConfig, rank: int, world_size: int) -> TrainConfig:
-    """Every rank runs rank 0's run config (one broadcast); this invocation's own fields (out,
-    resume, progress, ...) stay this rank's.
+# Used to join the group, before the ranks can compare configs: they must agree as given.
+JOINED_WITH = ("device", "timeout")
 
-    Under plain torchrun each rank resolves its config itself, and what the command line
-    leaves out comes from the checkpoint it resumes. With a node-local ``--out`` only rank 0's
-    node has that checkpoint (every rank resumes from rank 0's state), so a rank elsewhere
-    would otherwise build the model, or apply the learning rate, of a fresh run. A rank whose
-    own config differed says so, naming the fields.
+
+def take_rank0_run_config(c: TrainConfig, given: set[str], rank: int, world: int) -> TrainConfig:
+    """Every training rank runs rank 0's run config; this invocation's own fields (out, resume,
+    progress, ...) stay its own. ``given``: the fields this rank's command gave.
+
+    Under plain torchrun each rank resolves its config itself, and what the command leaves out
+    comes from the checkpoint it resumes. With a node-local ``--out`` only rank 0's node has it
+    (every rank resumes from rank 0's state), so a rank elsewhere would build a fresh run's
+    model or apply its learning rate: it takes rank 0's value for each field its command left
+    out, and says which. A field given differently on two nodes, a ``device`` or ``timeout``
+    (already used to join), or code to import that this rank's command does not name (unless
+    it trusts checkpoint code) is refused on every rank in one line.
     """
-    if world_size == 1:
+    if world == 1:
         return c
     theirs = [c.run_fields if rank == 0 else None]
     dist.broadcast_object_list(theirs, src=0)
-    run = theirs[0]
-    differ = {k: (v, getattr(c, k)) for k, v in run.items() if getattr(c, k) != v}
-    if differ:
+    conflicts, taken = [], {}
+    for name, value in theirs[0].items():
+        mine = getattr(c, name)
+        if mine == value:
+            continue
+        if name in given or name in JOINED_WITH:
+            conflicts.append(f"{name}: rank 0 runs {value!r}, rank {rank} {mine!r}")
+        elif name in IMPORT_FIELDS and is_import_path(value) and not c.trust_checkpoint_code:
+            conflicts.append(f"{name}: rank 0 imports {value!r}, which rank {rank}'s command "
+                             "does not name (nor --trust-checkpoint-code)")  # fmt: skip
+        else:
+            taken[name] = value
+    everyone: list[list[str]] = [[] for _ in range(world)]
+    dist.all_gather_object(everyone, conflicts)
+    if any(everyone):
+        raise ConfigError(
+            f"config: the ranks' configs differ ({'; '.join(sum(everyone, []))}): give every "
+            "node the same flags"
+        )
+    if taken:
         log.warning(
             "rank %d runs rank 0's config, which differs from the one resolved here in %s",
             rank,
-            ", ".join(f"{k}={v!r} (here {mine!r})" for k, (v, mine) in sorted(differ.items())),
+            ", ".join(f"{k}={v!r} (here {getattr(c, k)!r})" for k, v in sorted(taken.items())),
         )
-    return dataclasses.replace(c, **run)
+    c = dataclasses.replace(c, **taken)
+    validate(c)
+    return c
 
 
-def run_rank(c: TrainConfig) -> int:
-    """One rank's whole life: join the group, run the task, leave. Returns the exit code."""
+def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
+    """One rank's whole life: join the group, run the task, leave. Returns the exit code.
+
+    ``given``: the fields this rank's own command gave (plain torchrun: each rank resolves its
+    config); None when every rank got the same config from refddp's launcher.
+    """
     from refddp.evaluation import run_eval, run_predict
     from refddp.step_flags import NonFiniteLoss
     from refddp.trainer import Trainer
@@ -151,14 +185,15 @@ def run_rank(c: TrainConfig) -> int:
     # The hang watchdog (c.timeout) fires before the collective timeout does.
     ctx = init_distributed(c.device, c.timeout + 60, trace_dir=stacks_dir)
     setup_logging(ctx.rank, c.log_all_ranks)
-    c = take_rank0_run_config(c, ctx.rank, ctx.world_size)
-    if c.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
-        torch.use_deterministic_algorithms(True)
-    torch.manual_seed(c.seed + ctx.rank)
     started, code = time.perf_counter(), 0
     stacks = os.path.join(stacks_dir, f"rank{ctx.rank}.txt")
     try:
+        if c.task == "train" and given is not None:
+            c = take_rank0_run_config(c, given, ctx.rank, ctx.world_size)
+        if c.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+            torch.use_deterministic_algorithms(True)
+        torch.manual_seed(c.seed + ctx.rank)
         with HangWatchdog(stacks, c.timeout) as watchdog:
             if c.task == "train":
                 result = Trainer(c, ctx, watchdog).fit()
@@ -211,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if under_torchrun() and CONFIG_ENV in os.environ:  # a rank refddp's launcher started
             return run_rank(merge({}, json.loads(os.environ[CONFIG_ENV])))
-        c, resumed = resolve_config(argv)
+        c, resumed, given = resolve_config(argv)
         if under_torchrun():
-            return run_rank(c)
+            return run_rank(c, given)
         world_size = resolve_nproc(c)
         preflight(c, world_size, resumed)
     except ConfigError as exc:

@@ -147,6 +147,18 @@ def test_two_nodes_with_node_local_out_resume_from_the_same_state(tmp_path, tiny
     assert_same_weights(resumed["model_state_dict"], expected["model_state_dict"])
 
 
+def test_nodes_given_different_flags_stop_in_one_line_before_training(tmp_path, tiny, spawn):
+    rendezvous = loopback_store()
+    nodes = run_nodes([torchrun_node_command(rendezvous.port, 2, tmp_path / name, **tiny, lr=lr)
+                       for name, lr in (("node-a", 0.02), ("node-b", 0.01))])  # fmt: skip
+    # Each rank exits 2 (a usage error); plain torchrun itself then exits 1 for any failed rank.
+    assert [code for code, _ in nodes] == [1, 1], "\n".join(log for _, log in nodes)
+    assert all("(exitcode: 2)" in log for _, log in nodes), "\n".join(log for _, log in nodes)
+    said = "config: the ranks' configs differ (lr: rank 0 runs 0.02, rank 1 0.01): give every node"
+    assert said in nodes[0][1] and said in nodes[1][1], "\n".join(log for _, log in nodes)
+    assert not (tmp_path / "node-a" / "checkpoints").exists(), "nothing was trained"
+
+
 def test_ranks_that_find_different_checkpoints_stop_in_one_line(tmp_path, tiny, spawn):
     outs = [tmp_path / "node-a", tmp_path / "node-b"]
     rendezvous = loopback_store()  # node B starts first: rank 0, so its --out gets the checkpoint

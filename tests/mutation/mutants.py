@@ -460,9 +460,16 @@ MUTANTS = (
     ),
     Mutant(
         "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",
-        "refddp/train.py", "    return dataclasses.replace(c, **run)", "    return c",
+        "refddp/train.py", "    c = dataclasses.replace(c, **taken)\n", "",
         ("tests/multiproc/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
          "_same_state",),
+    ),
+    Mutant(
+        "nodes-disagree-silently", "node-local --out: nodes given different flags are refused",
+        "refddp/train.py", "        if name in given or name in JOINED_WITH:",
+        "        if False:",
+        ("tests/multiproc/test_resume.py::test_nodes_given_different_flags_stop_in_one_line"
+         "_before_training",),
     ),
     Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
