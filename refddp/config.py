@@ -272,7 +272,8 @@ def refuse_checkpoint_imports(values: dict[str, Any], from_user: dict[str, Any])
     """Never import code that only a checkpoint names: the user names it, or trusts the file.
 
     A checkpoint is data; loading one (resume, eval, predict, init_from) must not run code.
-    Every config that inherits from a checkpoint passes through ``merge``, hence through here.
+    Every config that inherits from a checkpoint passes through ``merge``, hence through here,
+    and so do the fields a rank takes from rank 0 (``refddp.train.take_rank0_run_config``).
     """
     if from_user.get("trust_checkpoint_code"):
         return

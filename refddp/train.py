@@ -20,14 +20,13 @@ import torch.distributed as dist
 from refddp import checkpoint as ckpt
 from refddp import run_state
 from refddp.config import (
-    IMPORT_FIELDS,
     ConfigError,
     TrainConfig,
-    is_import_path,
     load_yaml,
     merge,
     parse_cli,
     per_rank_batch_size,
+    refuse_checkpoint_imports,
     validate,
 )
 from refddp.data import build_datasets
@@ -148,11 +147,12 @@ def take_rank0_run_config(c: TrainConfig, given: set[str], rank: int, world: int
             continue
         if name in given or name in JOINED_WITH:
             conflicts.append(f"{name}: rank 0 runs {value!r}, rank {rank} {mine!r}")
-        elif name in IMPORT_FIELDS and is_import_path(value) and not c.trust_checkpoint_code:
-            conflicts.append(f"{name}: rank 0 imports {value!r}, which rank {rank}'s command "
-                             "does not name (nor --trust-checkpoint-code)")  # fmt: skip
         else:
             taken[name] = value
+    try:  # code to import that only rank 0 names: the rule a checkpoint's config meets
+        refuse_checkpoint_imports(taken, {"trust_checkpoint_code": c.trust_checkpoint_code})
+    except ConfigError as exc:
+        conflicts.append(f"rank {rank}: {exc}")
     everyone: list[list[str]] = [[] for _ in range(world)]
     dist.all_gather_object(everyone, conflicts)
     if any(everyone):

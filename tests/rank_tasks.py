@@ -315,3 +315,17 @@ def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
     trainer.train_step = strict
     result = trainer.fit()
     return {"step": result["step"], "late": trainer.flags.late}
+
+
+def config_after_taking_rank0s(fields: list[dict], given: list[list[str]]) -> dict | str:
+    """``take_rank0_run_config`` on this rank's ``fields[rank]`` (its command gave
+    ``given[rank]``): the run fields it ends with, or its one-line refusal."""
+    from refddp.config import ConfigError
+    from refddp.train import take_rank0_run_config
+
+    rank = dist.get_rank()
+    c = TrainConfig(**fields[rank])
+    try:
+        return take_rank0_run_config(c, set(given[rank]), rank, dist.get_world_size()).run_fields
+    except ConfigError as exc:
+        return str(exc)

@@ -10,7 +10,7 @@ import yaml
 
 from refddp.dist import loopback_store
 from tests.cli_runs import run, run_nodes, start, torchrun_node_command, train_command
-from tests.rank_tasks import fit_signalled_during_save
+from tests.rank_tasks import config_after_taking_rank0s, fit_signalled_during_save
 
 
 def assert_same_weights(a, b, rtol=0.0, atol=0.0):
@@ -157,6 +157,33 @@ def test_nodes_given_different_flags_stop_in_one_line_before_training(tmp_path, 
     said = "config: the ranks' configs differ (lr: rank 0 runs 0.02, rank 1 0.01): give every node"
     assert said in nodes[0][1] and said in nodes[1][1], "\n".join(log for _, log in nodes)
     assert not (tmp_path / "node-a" / "checkpoints").exists(), "nothing was trained"
+
+
+CHECKPOINT_MODEL = "tests.user_code:killed_mlp"  # named by rank 0's checkpoint, say
+
+
+@pytest.mark.parametrize(
+    ("fields", "given", "outcome"),
+    [
+        # rank 1's command left lr and the model out: rank 0's values (from its checkpoint)
+        ([{"lr": 0.02, "hidden_size": 16}, {}], [[], []], "rank 0's"),
+        ([{"lr": 0.02}, {"lr": 0.01}], [["lr"], ["lr"]], "lr: rank 0 runs 0.02, rank 1 0.01"),
+        ([{"timeout": 900.0}, {}], [[], []], "timeout: rank 0 runs 900.0, rank 1 300.0"),
+        ([{"model": CHECKPOINT_MODEL}, {}], [["model"], []],
+         f"rank 1: model: refused to import '{CHECKPOINT_MODEL}'"),
+        ([{"model": CHECKPOINT_MODEL}, {"trust_checkpoint_code": True}], [["model"], []],
+         "rank 0's"),
+    ],
+)
+def test_a_rank_takes_rank_0s_config_only_where_its_command_is_silent(spawn, fields, given,
+                                                                        outcome):
+    results = spawn(config_after_taking_rank0s, fields, given, world_size=2)
+    if outcome == "rank 0's":
+        assert results[1] == results[0] and results[0]["lr"] == fields[0].get("lr", 3e-3)
+        assert results[0]["model"] == fields[0].get("model", "mlp")
+    else:  # every rank refuses, in the same line
+        assert results[0] == results[1] and results[0].startswith("config: the ranks' configs")
+        assert outcome in results[0], results[0]
 
 
 def test_ranks_that_find_different_checkpoints_stop_in_one_line(tmp_path, tiny, spawn):

@@ -461,8 +461,10 @@ MUTANTS = (
     Mutant(
         "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",
         "refddp/train.py", "    c = dataclasses.replace(c, **taken)\n", "",
-        ("tests/multiproc/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
-         "_same_state",),
+        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+         "_command_is_silent",
+         "tests/multiproc/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
+         "_same_state"),
     ),
     Mutant(
         "nodes-disagree-silently", "node-local --out: nodes given different flags are refused",
@@ -470,6 +472,21 @@ MUTANTS = (
         "        if False:",
         ("tests/multiproc/test_resume.py::test_nodes_given_different_flags_stop_in_one_line"
          "_before_training",),
+    ),
+    Mutant(
+        "rank-imports-what-only-rank-0-names", "no code a rank's command does not name is imported",
+        "refddp/train.py",
+        '        refuse_checkpoint_imports(taken, {"trust_checkpoint_code": c.trust_checkpoint_code})',
+        "        pass",
+        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+         "_command_is_silent",),
+    ),
+    Mutant(
+        "group-joined-with-a-differing-timeout", "nodes joined with different timeouts are refused",
+        "refddp/train.py", '        if name in given or name in JOINED_WITH:',
+        "        if name in given:",
+        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+         "_command_is_silent",),
     ),
     Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
