@@ -24,33 +24,41 @@ import sys
 import tempfile
 import time
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from refddp.config import merge, parse_cli
+from refddp.dist import init_distributed
+from refddp.trainer import Trainer
+from refddp.watchdog import HangWatchdog
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from overhead_job import GLOBAL_BATCH, LR, MODELS, TRAIN_SIZE, VAL_SIZE, WEIGHT_DECAY, Job, TensorBatches, first  # noqa: E402, I001
+from overhead_job import GLOBAL_BATCH, LR, WEIGHT_DECAY, Job, TensorBatches, first  # noqa: E402, I001
 from record import write  # noqa: E402
 
 
 def rank_main(model_name: str, blocks: int, steps: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from refddp.config import TrainConfig
-    from refddp.dist import init_distributed
-    from refddp.trainer import Trainer
-    from refddp.watchdog import HangWatchdog
-
     job = Job(model_name)
-    c = TrainConfig(**MODELS[model_name], global_batch_size=GLOBAL_BATCH, train_size=TRAIN_SIZE,
-                    val_size=VAL_SIZE, epochs=1000, lr=LR, weight_decay=WEIGHT_DECAY,
-                    lr_schedule="constant", optimizer="adamw", progress=False, resume="never",
-                    out=out)  # fmt: skip
+    # The job's own flags (as trainer_overhead.py runs it), with epochs enough for every block.
+    cli, _ = parse_cli([*job.refddp_flags(), "--epochs=1000", "--no-progress", "--resume=never",
+                        f"--out={out}"])  # fmt: skip
+    c = merge(cli, {})
     ctx = init_distributed("cpu")
     world, rank = ctx.world_size, ctx.rank
-    watchdog = HangWatchdog(os.path.join(out, "stacks", f"rank{rank}.txt"), c.timeout).__enter__()
-    trainer = Trainer(c, ctx, watchdog)
+    stacks = os.path.join(out, "stacks", f"rank{rank}.txt")
+    with HangWatchdog(stacks, c.timeout) as watchdog:
+        times = measure(Trainer(c, ctx, watchdog), job, world, rank, blocks, steps)
+    if rank == 0:
+        print(json.dumps(times), flush=True)
+    dist.destroy_process_group()
+
+
+def measure(trainer: Trainer, job: Job, world: int, rank: int, blocks: int, steps: int) -> dict:
+    """Seconds per step of each loop, per block (after two warm-up blocks of each)."""
     # Every block starts at a multiple of ``steps`` into an epoch and must not cross its end.
     assert trainer.sampler.steps_per_epoch % steps == 0, "--steps must divide steps per epoch"
     trainer.model.train()
@@ -86,10 +94,7 @@ def rank_main(model_name: str, blocks: int, steps: int, out: str) -> None:
             t = run()
             if block >= 2:
                 times[name].append(t)
-    if rank == 0:
-        print(json.dumps(times), flush=True)
-    watchdog.__exit__(None, None, None)
-    dist.destroy_process_group()
+    return times
 
 
 def main() -> None:
