@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli, per_rank_batch_size
 from refddp.data import build_datasets
-from refddp.dist import end_process, init_distributed, teardown, under_torchrun
+from refddp.dist import end_process, init_distributed, rank0_then_meet, teardown, under_torchrun
 from refddp.launch import launch
 
 ENV_VARS = (
@@ -191,8 +191,7 @@ def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, A
         "model": model,
         "problems": problems,
     }
-    teardown()
-    return result
+    return result  # still in the group: main prints the report, then every rank leaves
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -285,13 +284,15 @@ def main(argv: list[str] | None = None) -> int:
         return launch("refddp.doctor", {ARGV_ENV: json.dumps(argv)}, nproc, 0, c.out, job="doctor")
     try:
         result = check(c, args.barrier_timeout, args.repeats)
+        # Before any rank leaves: a rank that exits 1 (problems found) makes the launcher stop
+        # the others, and rank 0 must have printed the report by then.
+        report = json.dumps(result, indent=2) if args.json else format_table(result)
+        rank0_then_meet(lambda: print(report, flush=True))
     except DoctorFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         teardown()  # on every path: no gloo thread left running at exit
-    if result["rank"] == 0:
-        print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 1 if result["problems"] else 0
 
 

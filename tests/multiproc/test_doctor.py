@@ -1,6 +1,7 @@
 """`python -m refddp.doctor`: every rank reports in, a missing rank is named, bad shards flagged."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -76,6 +77,33 @@ def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
     )
     assert bad.returncode == 1
     assert "error: doctor failed: " in bad.stderr and "training" not in bad.stderr
+    assert "PROBLEM: the 3 training samples do not fill one global batch of 4" in bad.stdout
+
+
+SLOW_RANK0_TEARDOWN = """
+import os
+if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:  # rank 0 of the doctor
+    import time
+    import refddp.dist
+    leave = refddp.dist.teardown
+    def slow_teardown():
+        time.sleep(3)
+        leave()
+    refddp.dist.teardown = slow_teardown
+"""
+
+
+def test_the_report_is_printed_before_any_rank_leaves(tmp_path):
+    # Rank 1 exits 1 (problems found) while rank 0 is still leaving the group; the launcher
+    # then stops rank 0, so rank 0 must have printed the report before the ranks parted.
+    (tmp_path / "sitecustomize.py").write_text(SLOW_RANK0_TEARDOWN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    bad = subprocess.run(
+        [sys.executable, "-m", "refddp.doctor", "--nproc", "2", "--repeats", "2",
+         "--train-size", "3", "--batch-size", "2", "--device", "cpu"],  # fmt: skip
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,  # fmt: skip
+    )
+    assert bad.returncode == 1, bad.stderr
     assert "PROBLEM: the 3 training samples do not fill one global batch of 4" in bad.stdout
 
 

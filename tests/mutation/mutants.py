@@ -489,6 +489,12 @@ MUTANTS = (
          "_command_is_silent",),
     ),
     Mutant(
+        "doctor-report-after-the-ranks-part", "the doctor prints its report whatever rank exits first",
+        "refddp/doctor.py", "        rank0_then_meet(lambda: print(report, flush=True))\n",
+        "        teardown()\n        if result['rank'] == 0:\n            print(report, flush=True)\n",
+        ("tests/multiproc/test_doctor.py::test_the_report_is_printed_before_any_rank_leaves",),
+    ),
+    Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
         "        traceback.clear_frames(in_flight.__traceback__)\n    gc.collect()",
         "        pass\n    gc.collect()",
