@@ -47,6 +47,18 @@ class TrainConfig:
         "'synthetic' (generated from the seed), a .pt file holding "
         "x and y (or train_x, train_y, val_x, val_y), or package.module:callable",
     )
+    loss: str = _opt(
+        "cross_entropy",
+        "what is minimised: cross_entropy (classes per sample or per token, labels -100 "
+        "ignored), model (the model returns its loss, as HF models do given labels) or "
+        "package.module:callable, called as fn(outputs, batch) and returning (loss_sum, count) "
+        "or a batch mean; normalised by the global batch's target count where it can be",
+    )
+    metrics: str = _opt(
+        "",
+        "package.module:callable called as fn(outputs, batch) on each validation batch, "
+        "returning a dict of sums (or (sum, count) pairs) reported as val_NAME (empty: none)",
+    )
     train_size: int = _opt(16384, "samples in the synthetic training set")
     val_size: int = _opt(2048, "samples in the synthetic validation set")
     input_dim: int = _opt(32, "features per synthetic sample")
@@ -260,7 +272,7 @@ def merge(
     return config
 
 
-IMPORT_FIELDS = ("model", "data")  # fields that may name code to import
+IMPORT_FIELDS = ("model", "data", "loss", "metrics")  # fields that may name code to import
 
 
 def is_import_path(spec: str) -> bool:

@@ -170,9 +170,9 @@ class FullyShardedParallel(Parallel):
         policy = MixedPrecisionPolicy()
         if c.amp == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in fsdp_blocks(model):
+        for index, block in enumerate(fsdp_blocks(model)):
             if c.compile:
-                _compile_forward(block)
+                _compile_forward(block, index)
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.wrapped = self.module = model
@@ -243,19 +243,29 @@ class FullyShardedParallel(Parallel):
         )
 
 
-def _compile_forward(block: nn.Module) -> None:
+def _compile_forward(block: nn.Module, index: int) -> None:
     """torch.compile one FSDP unit's forward, which then runs between FSDP's hooks.
 
     Compiling the whole model compiles nothing under FSDP2 (torch 2.13): its hooks break the
     graph at every unit, and a unit that is a torch layer (``nn.Linear``) is never traced from
     there. The forward is traced from this module's frame instead, so torch layers inline.
+
+    Each unit gets a code object of its own: dynamo keeps compiled graphs per code object, and
+    units sharing one would each cost a recompile (their modules differ), past whose limit
+    (``recompile_limit``, 8) the remaining blocks of a deep model would silently run eagerly.
     """
     forward = block.forward
 
     def unit_forward(*args: Any, **kwargs: Any) -> Any:
         return forward(*args, **kwargs)
 
+    unit_forward.__code__ = unit_forward.__code__.replace(co_name=f"unit_forward_{index}")
     block.forward = torch.compile(unit_forward)  # type: ignore[method-assign]
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: an FSDP (DTensor) gradient's local shard, in place."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def runs_in_lockstep(model: nn.Module) -> bool:
@@ -270,14 +280,18 @@ def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
     """The sub-modules that each become an FSDP unit (gathered one at a time in forward).
 
     A model may list them itself as ``fsdp_blocks`` (a list of modules, or a method returning
-    one); otherwise every direct child with parameters of a top-level ``nn.Sequential``
-    (``net``, ``features``) or of the model itself.
+    one); a Hugging Face model names its blocks' classes in ``_no_split_modules`` (GPT-2:
+    ``GPT2Block``); otherwise every direct child with parameters of a top-level
+    ``nn.Sequential`` (``net``, ``features``) or of the model itself.
     """
     listed = getattr(model, "fsdp_blocks", None)
     if listed is not None:
         # A method returning the blocks, or the blocks (an nn.ModuleList is callable too).
         blocks = listed() if callable(listed) and not isinstance(listed, nn.Module) else listed
         return [b for b in blocks if isinstance(b, nn.Module)]
+    unsplit = set(getattr(model, "_no_split_modules", None) or ())
+    if unsplit:
+        return [m for m in model.modules() if m is not model and type(m).__name__ in unsplit]
     blocks: list[nn.Module] = []
     for child in model.children():
         inner = list(child.children()) if isinstance(child, nn.Sequential) else [child]

@@ -1,4 +1,4 @@
-"""``python -m refddp.plot RUN_DIR``: loss, accuracy and throughput curves from history.jsonl.
+"""``python -m refddp.plot RUN_DIR``: loss, validation metrics and throughput from history.jsonl.
 
 Writes ``RUN_DIR/curves.png``. Needs matplotlib (``pip install 'refddp[plot]'``).
 """
@@ -44,16 +44,27 @@ def plot(run_dir: str, output: str | None = None) -> str:
         raise PlotError("matplotlib is not installed: pip install 'refddp[plot]'") from None
     history = read_history(run_dir)
     steps = [h["step"] for h in history]
-    fig, (loss_ax, acc_ax, speed_ax) = plt.subplots(1, 3, figsize=(13, 3.8))
+    # A panel for each validation metric the run records (accuracy, perplexity, the user's).
+    metrics = [k for k in history[-1] if k.startswith("val_") and k != "val_loss"]
+    fig, axes = plt.subplots(1, 2 + len(metrics), figsize=(4.4 * (2 + len(metrics)), 3.8))
+    loss_ax, *metric_axes, speed_ax = axes
     loss_ax.plot(steps, [h["train_loss"] for h in history], "o-", label="train")
     loss_ax.plot(steps, [h["val_loss"] for h in history], "o-", label="validation")
     loss_ax.set(title="loss", xlabel="optimizer step")
     loss_ax.legend()
-    acc_ax.plot(steps, [h["val_acc"] for h in history], "o-", color="tab:green")
-    acc_ax.set(title="validation accuracy", xlabel="optimizer step", ylim=(0, 1))
-    speed_ax.plot(steps, [h["samples_per_s"] for h in history], "o-", color="tab:purple")
-    speed_ax.set(title="throughput (samples/s)", xlabel="optimizer step", ylim=(0, None))
-    for ax in (loss_ax, acc_ax, speed_ax):
+    for ax, name in zip(metric_axes, metrics, strict=True):
+        ax.plot(steps, [h.get(name) for h in history], "o-", color="tab:green")
+        title = {"val_acc": "accuracy"}.get(name, name.removeprefix("val_").replace("_", " "))
+        ax.set(title=f"validation {title}", xlabel="optimizer step")
+        if name == "val_acc":
+            ax.set_ylim(0, 1)
+    # Sequence runs count tokens (targets); others samples.
+    per_token = "val_perplexity" in history[-1] and "targets_per_s" in history[-1]
+    speed = "targets_per_s" if per_token else "samples_per_s"
+    speed_ax.plot(steps, [h[speed] for h in history], "o-", color="tab:purple")
+    unit = "tokens/s" if per_token else "samples/s"
+    speed_ax.set(title=f"throughput ({unit})", xlabel="optimizer step", ylim=(0, None))
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
     fig.tight_layout()

@@ -29,14 +29,14 @@ APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
 ON_RESUME = {
     **dict.fromkeys(
         "model data train_size val_size input_dim num_classes hidden_size depth dropout "
-        "augment sync_bn optimizer amp dtype seed".split(),
+        "augment sync_bn optimizer amp dtype seed loss".split(),
         REFUSED,
     ),
     **dict.fromkeys(["batch_size", "global_batch_size"], DERIVED),
     **dict.fromkeys(
         "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
         "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite flags_read timeout strategy ckpt_format".split(),
+        "eval_every on_nonfinite flags_read timeout strategy ckpt_format metrics".split(),
         APPLIED,
     ),
 }
@@ -50,8 +50,8 @@ class Position:
     best_val_loss: float = math.inf
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_pending: bool = False  # a stop came before the evaluation due at `step` finished
-    # Training measured since the last evaluation (seconds, samples, steps, data_wait) and this
-    # rank's [loss sum, steps]: the next evaluation's record covers the whole window.
+    # Training measured since the last evaluation (``refddp.window.Window.saved``) and this
+    # rank's [loss sum, targets]: the next evaluation's record covers the whole window.
     window: dict[str, Any] = field(default_factory=dict)
 
 
@@ -164,7 +164,8 @@ def build_state(
         "global_batch": global_batch,
         "best_val_loss": pos.best_val_loss,
         "eval_pending": pos.eval_pending,
-        "train_window": {**pos.window, "loss": [r["loss"] for r in per_rank]},
+        "train_window": {**pos.window, "loss": [r["loss"] for r in per_rank],
+                         "loss_unit": "target"},  # fmt: skip
         "world_size": len(per_rank),
         "config": c.to_dict(),
         "metrics": pos.metrics,
@@ -218,6 +219,11 @@ def restore(
         torch.manual_seed(c.seed + 7919 * step + rank)
     window = dict(state.get("train_window") or {})
     losses = window.pop("loss", [])
+    if window.pop("loss_unit", None) != "target" and losses:
+        # Saved before losses were summed over targets: [sum of this rank's step means, steps],
+        # one target per sample. The same mean, as [sum, targets]:
+        per_step = global_batch / state["world_size"]
+        losses = [[total * per_step, steps * per_step] for total, steps in losses]
     if len(losses) == world_size:
         window["loss"] = losses[rank]
     else:  # another world size: rank 0 carries the window's sums, as if it had run every step

@@ -1,8 +1,9 @@
 """What every rank must agree on after each step: a non-finite loss anywhere, a stop signal.
 
-Each rank builds ``[non-finite loss, SIGTERM, SIGINT]`` on the device; the flags ride the
-step's gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and
-takes the same branch. When the host reads them is ``flags_read``:
+Each rank builds ``[non-finite loss, target count (two parts), one flag per stop signal]`` on
+the device; the flags ride the step's gradient all-reduce (``Parallel.set_flags``), so every
+rank holds the same sums and takes the same branch, and knows the step's global target count,
+the loss's normaliser (``refddp/trainer.py``). When the host reads them is ``flags_read``:
 
 - ``now``: before the optimizer step. Skip or step is a host decision, one host sync per step
   (free on CPU, where nothing runs ahead of the host).
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -70,20 +72,44 @@ def reads_late(c: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel
 
 
+# The target count travels as two float32 parts, each summed exactly over ranks: a float32
+# holds integers exactly up to 2**24 only, fewer targets than a large step can have.
+COUNT_PART = 4096
+
+
+class Agreed(NamedTuple):
+    """What every rank learns of a step: a non-finite loss anywhere, the stop signal (0: none),
+    and the global batch's target count."""
+
+    nonfinite: bool
+    signal: int
+    targets: float
+
+
+class Verdict(NamedTuple):
+    """What ``StepFlags.apply`` did with a step: whether its update was applied (a device
+    tensor when the device decided), and the flags the host read meanwhile, of which step."""
+
+    applied: torch.Tensor | bool
+    read_step: int | None
+    read: Agreed | None
+
+
 class StepFlags:
     """One rank's step flags: built on the device, agreed through ``parallel``, read now or a
     step late (the pending step's flags wait in ``_host``)."""
 
     def __init__(self, parallel: Any, stop: StopRequest, device: torch.device, late: bool):
         self.parallel, self.stop, self.late = parallel, stop, late
-        self._by_signal = {  # [SIGTERM?, SIGINT?] by the signal received, made once
-            sig: torch.tensor([sig == signal.SIGTERM, sig == signal.SIGINT], dtype=torch.float32,
+        self._by_signal = {  # one flag per stop signal, set for the one received; made once
+            sig: torch.tensor([sig == s for s in StopRequest.SIGNALS], dtype=torch.float32,
                               device=device)
             for sig in (None, *StopRequest.SIGNALS)
         }  # fmt: skip
         self._zero = torch.zeros(1, device=device)
         pinned = device.type == "cuda"
-        self._host = torch.empty(3, dtype=torch.float32, pin_memory=pinned)
+        self._host = torch.empty(3 + len(StopRequest.SIGNALS), dtype=torch.float32,
+                                 pin_memory=pinned)  # fmt: skip
         # blocking: the host sleeps while it waits for the copy (a spin would take a core
         # from the data loader for up to a step)
         self._ready = torch.cuda.Event(blocking=True) if pinned else None
@@ -97,18 +123,30 @@ class StepFlags:
         )
         return self.late and (bool(optimizer.state) or stateless)
 
-    def local(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).
+    def local(
+        self, step_loss: torch.Tensor | None = None, targets: torch.Tensor | int = 0
+    ) -> torch.Tensor:
+        """This rank's [non-finite loss, target count (high, low), stop signals], built on the
+        device (no host sync).
 
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
         stop = self._by_signal[self.stop.signal]
         nonfinite = self._zero if step_loss is None else (step_loss.detach().view(1) * 0).float()
-        return torch.cat([nonfinite, stop])
+        targets = torch.as_tensor(targets, device=nonfinite.device).view(1)
+        parts = torch.cat([targets.div(COUNT_PART, rounding_mode="floor"),
+                           targets.remainder(COUNT_PART)]).float()  # fmt: skip
+        return torch.cat([nonfinite, parts, stop])
 
-    def read(self, flags: torch.Tensor) -> tuple[bool, int]:
-        """Agree on ``flags`` and read them now (a host sync): (non-finite?, stop signal)."""
+    @staticmethod
+    def targets(agreed: torch.Tensor) -> torch.Tensor:
+        """The global target count of agreed flags, on the device (float64: exact)."""
+        high, low = agreed[1:3].double()
+        return high * COUNT_PART + low
+
+    def read(self, flags: torch.Tensor) -> Agreed:
+        """Agree on ``flags`` and read them now (a host sync)."""
         return _decode(self.parallel.agree(flags).tolist())
 
     def skip_on_device(self, flags: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
@@ -125,18 +163,46 @@ class StepFlags:
             self._ready.record()
         self._pending_step = step
 
-    def collect(self) -> tuple[int | None, int]:
-        """The pending step's flags: (that step if its loss was non-finite else None, stop
-        signal). Waits for the copy, which was queued a step ago. (None, 0) if none pends."""
+    def collect(self) -> tuple[int | None, Agreed | None]:
+        """The pending step's flags: (that step, what was agreed). Waits for the copy, which was
+        queued a step ago. (None, None) if none pends."""
         step, self._pending_step = self._pending_step, None
         if step is None:
-            return None, 0
+            return None, None
         if self._ready is not None:
             self._ready.synchronize()
-        nonfinite, signum = _decode(self._host.tolist())
-        return (step if nonfinite else None), signum
+        return step, _decode(self._host.tolist())
+
+    def apply(
+        self,
+        flags: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        update: Callable[[torch.Tensor | float], None],
+    ) -> Verdict:
+        """Agree on step ``step``'s ``flags`` and run ``update(targets)`` (the global target
+        count) unless any rank's loss was non-finite.
+
+        Read now, the host decides; read late, the device skips the update through the fused
+        optimizer's ``found_inf`` and the host reads the previous step's flags, copied while
+        this step ran."""
+        if self.late_for(optimizer):
+            agreed = self.skip_on_device(flags, optimizer)
+            update(self.targets(agreed))
+            applied = optimizer.found_inf == 0  # type: ignore[attr-defined]
+            read_step, read = self.collect()
+            self.defer(step, agreed)
+            return Verdict(applied, read_step, read)
+        read = self.read(flags)
+        if read.nonfinite:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            update(read.targets)
+        return Verdict(not read.nonfinite, step, read)
 
 
-def _decode(values: list[float]) -> tuple[bool, int]:
-    nonfinite, sigterm, sigint = values
-    return bool(nonfinite), signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
+def _decode(values: list[float]) -> Agreed:
+    nonfinite, high, low, *signals = values
+    signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, signals, strict=True)
+                   if raised), 0)  # fmt: skip
+    return Agreed(bool(nonfinite), signum, high * COUNT_PART + low)

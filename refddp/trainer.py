@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -28,13 +27,15 @@ from refddp import checkpoint_dcp, run_state
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, rank0_then_meet
-from refddp.evaluation import autocast, evaluate
+from refddp.evaluation import agreed_objective, autocast, evaluate
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
-from refddp.parallel import build_parallel
-from refddp.step_flags import NonFiniteLoss, StepFlags, StopRequest, reads_late
+from refddp.objectives.batches import to_device
+from refddp.parallel import build_parallel, local_tensor
+from refddp.step_flags import Agreed, NonFiniteLoss, StepFlags, StopRequest, reads_late
 from refddp.sync_batchnorm import convert_sync_batchnorm
 from refddp.watchdog import HangWatchdog
+from refddp.window import Window
 
 log = logging.getLogger("refddp")
 
@@ -72,6 +73,20 @@ def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def describe_record(record: dict[str, Any], sequence: bool) -> str:
+    """An evaluation's log line: the losses, the validation metrics that apply, throughput."""
+    parts = [f"train_loss {record['train_loss']:.4f}", f"val_loss {record['val_loss']:.4f}"]
+    names = {"val_perplexity": "val_ppl"}
+    parts += [f"{names.get(k, k)} {v:.4f}" for k, v in record.items()
+              if k.startswith("val_") and k != "val_loss" and isinstance(v, float)]  # fmt: skip
+    if sequence:
+        parts.append(f"{record['targets_per_s']:.0f} tokens/s ({record['samples_per_s']:.0f} "
+                     "samples/s)")  # fmt: skip
+    else:
+        parts.append(f"{record['samples_per_s']:.0f} samples/s")
+    return " ".join(parts)
+
+
 def prepare_run_dir(c: TrainConfig) -> None:
     path = os.path.join(c.out, "config.yaml")
     with ckpt.writing(path):
@@ -100,11 +115,16 @@ class Trainer:
         self.device = torch.device(ctx.device)
         rank0_then_meet(lambda: prepare_run_dir(c))
         self.model = build_model(c).to(self.device)
+        self.train_set, self.val_set = build_datasets(c)
+        self.objective = agreed_objective(c, self.model, self.train_set, ctx)
         if c.sync_bn:  # batch statistics over the global batch: refddp/sync_batchnorm.py
             self.model = convert_sync_batchnorm(self.model)
-        self.train_set, self.val_set = build_datasets(c)
         self.batch_size = per_rank_batch_size(c, ctx.world_size)
         self.global_batch = self.batch_size * ctx.world_size * c.grad_accum
+        # Each rank's loss is its sum over its targets times world / global batch: DDP's
+        # average over ranks is then the global batch's sum over its samples, rescaled to its
+        # targets once every rank knows their count (``update``).
+        self.loss_scale = ctx.world_size / self.global_batch
         self.sampler = GlobalBatchSampler(
             self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
         )
@@ -143,7 +163,7 @@ class Trainer:
         self.skipped_steps = 0
         self.flags = StepFlags(self.parallel, self.stop, self.device, late)
         self.resumed_from = self._resume()
-        self.window = self.new_window(self.pos.window)
+        self.window = Window.open(self.device, self.pos.window)
         if self.resumed_from:
             rank0_then_meet(lambda: truncate_history(c.out, self.pos.step))
 
@@ -187,13 +207,9 @@ class Trainer:
         if self.model_has_buffers:
             sync_buffers(self.model)
         per_rank: list[Any] = [None] * self.ctx.world_size
-        mine = {"rng": ckpt.rng_state(),
-                "loss": [self.window["loss_sum"].item(), self.window["loss_steps"]]}  # fmt: skip
+        mine = {"rng": ckpt.rng_state(), "loss": self.window.local_loss()}
         dist.all_gather_object(per_rank, mine)
-        self.pos.window = {k: self.window[k] for k in ("samples", "steps", "data_wait")}
-        self.pos.window["seconds"] = (
-            self.window["seconds"] + time.perf_counter() - self.window["start"]
-        )
+        self.pos.window = self.window.saved()
         full = self.c.ckpt_format == "full"  # else dcp: each rank writes its shards
         state = run_state.build_state(self.parts, self.pos, self.c, self.global_batch,
                                  self.sampler.steps_per_epoch, per_rank, tensors=full)  # fmt: skip
@@ -203,7 +219,7 @@ class Trainer:
             checkpoint_dcp.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
-        return self.flags.read(self.flags.local())[1]
+        return self.flags.read(self.flags.local()).signal
 
     @property
     def model_has_buffers(self) -> bool:
@@ -215,46 +231,36 @@ class Trainer:
 
     # -- evaluation --------------------------------------------------------------------------
 
-    def new_window(self, saved: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What is measured between two evaluations (``saved``: carried over by a resume)."""
-        saved = saved or {}
-        loss_sum, loss_steps = saved.get("loss", [0.0, 0.0])
-        return {"start": time.perf_counter(), "seconds": saved.get("seconds", 0.0),
-                "samples": saved.get("samples", 0), "steps": saved.get("steps", 0),
-                "data_wait": saved.get("data_wait", 0.0),
-                # The sum of the step losses stays on the device (no host sync per step) until
-                # an evaluation sums it over ranks; the steps it counts (not skipped) on the host.
-                "loss_sum": torch.tensor(loss_sum, dtype=torch.float64, device=self.device),
-                "loss_steps": loss_steps}  # fmt: skip
-
     def evaluate_and_record(self) -> tuple[bool, bool]:
         """Evaluate, log, append to history: (best validation loss so far?, interrupted?).
 
         A stop request on any rank interrupts the evaluation; nothing is then recorded.
         """
         w = self.window
-        elapsed = max(w["seconds"] + time.perf_counter() - w["start"], 1e-9)  # training only
+        elapsed = max(w.elapsed(), 1e-9)  # training only
         if self.model_has_buffers:
             sync_buffers(self.model)
         metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog,
-                           stop=lambda: self.stop.signal is not None)  # fmt: skip
-        if metrics["interrupted"]:
+                           stop=lambda: self.stop.signal is not None,
+                           objective=self.objective)  # fmt: skip
+        if metrics.pop("interrupted"):
             return False, True
-        steps = torch.tensor(w["loss_steps"], dtype=torch.float64, device=self.device)
-        train_loss = torch.stack([w["loss_sum"], steps])
-        dist.all_reduce(train_loss)
+        train = torch.stack([w.loss_sum, w.loss_targets])
+        dist.all_reduce(train)  # sums over ranks: the mean over every target trained on
+        loss_sum, loss_targets = train.tolist()
         record = {
             "epoch": self.epoch,
             "step": self.pos.step,
-            "train_loss": train_loss[0].item() / max(train_loss[1].item(), 1),
-            "val_loss": metrics["val_loss"],
-            "val_acc": metrics["val_acc"],
-            "samples_per_s": w["samples"] / elapsed,
-            "step_time_s": elapsed / max(w["steps"], 1),
-            "data_wait_share": w["data_wait"] / elapsed,
+            "train_loss": loss_sum / loss_targets if loss_targets else math.nan,
+            **{k: v for k, v in metrics.items() if k.startswith("val_")},
+            "samples_per_s": w.samples / elapsed,
+            "targets_per_s": w.targets / elapsed,
+            "step_time_s": elapsed / max(w.steps, 1),
+            "data_wait_share": w.data_wait / elapsed,
             "peak_memory_mb": peak_memory_mb(self.device),
         }
-        mfu = model_flops_utilisation(self.model, self.device, record["samples_per_s"])
+        per_s = record["targets_per_s" if self.objective.sequence else "samples_per_s"]
+        mfu = model_flops_utilisation(self.model, self.device, per_s)
         if mfu is not None:
             record["mfu"] = mfu
         self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
@@ -262,17 +268,10 @@ class Trainer:
         if is_best:
             self.pos.best_val_loss = metrics["val_loss"]
         rank0_then_meet(lambda: _append_history(self.c, record))
-        self.window = self.new_window()
+        self.window = Window.open(self.device)
         if self.ctx.is_main:
-            log.info(
-                "epoch %d step %d: train_loss %.4f val_loss %.4f val_acc %.4f %.0f samples/s",
-                record["epoch"],
-                record["step"],
-                record["train_loss"],
-                record["val_loss"],
-                record["val_acc"],
-                record["samples_per_s"],
-            )
+            log.info("epoch %d step %d: %s", record["epoch"], record["step"],
+                     describe_record(record, self.objective.sequence))  # fmt: skip
         return is_best, False
 
     # -- the loop ----------------------------------------------------------------------------
@@ -287,56 +286,64 @@ class Trainer:
         return iter(make_loader(self.train_set, self.sampler, self.batch_size, c, pin, loader_seed))
 
     def train_step(self, batches: Any) -> int:
-        """One optimizer step over ``grad_accum`` micro-batches; returns the agreed stop signal
-        (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
-        c, w = self.c, self.window
-        late = self.flags.late_for(self.optimizer)
-        step_loss: torch.Tensor | None = None  # the micro-batches' summed loss, on the device
-        for micro in range(c.grad_accum):
-            waited = time.perf_counter()
-            x, y = next(batches)
-            w["data_wait"] += time.perf_counter() - waited
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            # Only sync gradients at the last micro-step: earlier ones accumulate locally.
-            last = micro == c.grad_accum - 1
-            with self.parallel.no_sync() if not last else nullcontext(), autocast(c, self.device):
-                loss = F.cross_entropy(self.forward(x), y)
-            if c.grad_accum > 1:
-                # The accumulated gradient is then the mean over the global batch (DDP then
-                # averages over ranks).
-                loss = loss / c.grad_accum
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-            if last and (self.ctx.world_size > 1 or late):
-                # The flags travel with this backward's gradient all-reduce: no extra one.
-                flags = self.flags.local(step_loss)
-                self.parallel.set_flags(flags)
-            self.scaler.scale(loss).backward()
-        if late:  # skip on the device; the host learns of it a step later, without waiting
-            agreed = self.flags.skip_on_device(flags, self.optimizer)
-            self.optimizer_step()
-            w["loss_sum"] += torch.where(self.optimizer.found_inf > 0, 0.0, step_loss)
-            w["loss_steps"] += 1  # taken back by settle() if the step was skipped
-            signum = self.settle()  # the previous step's flags, copied meanwhile
-            self.flags.defer(self.pos.step + 1, agreed)
-        else:
-            if self.ctx.world_size > 1:
-                nonfinite, signum = self.flags.read(flags)
-            else:  # one process has nobody to agree with: its own loss and signal decide
-                nonfinite, signum = not math.isfinite(step_loss.item()), self.stop.signal or 0
-            if nonfinite:
-                self.optimizer.zero_grad(set_to_none=True)
-                self.nonfinite_at(self.pos.step + 1)
-            else:
-                self.optimizer_step()
-                w["loss_sum"] += step_loss
-                w["loss_steps"] += 1
+        """One optimizer step: forward and backward over ``grad_accum`` micro-batches, then the
+        update, unless any rank's loss was non-finite. Returns the agreed stop signal (with
+        ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
+        flags, total, targets = self.forward_backward(batches)
+        verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
+        self.window.add_loss(total, targets, verdict.applied)
+        signum = self.take_flags(verdict.read_step, verdict.read)
         self.scheduler.step()
         self.pos.step += 1
-        w["samples"] += self.global_batch
-        w["steps"] += 1
+        self.window.samples += self.global_batch
+        self.window.steps += 1
         if self.watchdog:
             self.watchdog.progress()
         return signum
+
+    def forward_backward(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """This rank's share of a step: (its flags, its loss sum, its target count), on the
+        device; the gradients are in the parameters, all-reduced with the flags."""
+        c, objective = self.c, self.objective
+        total = targets = flags = None
+        for micro in range(c.grad_accum):
+            waited = time.perf_counter()
+            batch = next(batches)
+            self.window.data_wait += time.perf_counter() - waited
+            batch = to_device(batch, self.device)
+            # Only sync gradients at the last micro-step: earlier ones accumulate locally.
+            last = micro == c.grad_accum - 1
+            with self.parallel.no_sync() if not last else nullcontext(), autocast(c, self.device):
+                loss = objective.loss(objective.forward(self.forward, batch), batch)
+            total = loss.total.detach() if total is None else total + loss.total.detach()
+            targets = loss.count if targets is None else targets + loss.count
+            if last:  # the flags travel with this backward's gradient all-reduce: no extra one
+                flags = self.flags.local(total, targets)
+                self.parallel.set_flags(flags)
+            self.scaler.scale(loss.total * self.loss_scale).backward()
+        return flags, total, targets
+
+    def update(self, targets: torch.Tensor | float) -> None:
+        """Apply the step's gradient, the mean over the global batch's ``targets`` (a device
+        tensor when the flags are read late)."""
+        if self.objective.exact:
+            self.rescale_gradients(targets)
+        self.optimizer_step()
+
+    def rescale_gradients(self, targets: torch.Tensor | float) -> None:
+        """From the sum over the global batch divided by its samples (what backward and DDP
+        gave) to the sum divided by its targets. One target per sample: already there."""
+        if not isinstance(targets, torch.Tensor):
+            if targets == self.global_batch:
+                return
+            factor: Any = self.global_batch / targets if targets else 0.0
+        else:  # on the device: no host sync
+            factor = torch.where(targets > 0, self.global_batch / targets, 0.0)
+        grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            if isinstance(factor, torch.Tensor):
+                factor = factor.to(grads[0].dtype)
+            torch._foreach_mul_(grads, factor)
 
     def optimizer_step(self) -> None:
         if self.c.grad_clip:
@@ -356,14 +363,19 @@ class Trainer:
         self.skipped_steps += 1
         log.warning("step %d: non-finite loss, update skipped on every rank", step)
 
+    def take_flags(self, step: int | None, agreed: Agreed | None) -> int:
+        """Account for step ``step``'s flags, read on the host: its targets, a skipped update;
+        returns the stop signal they carry (0: none, or nothing read)."""
+        if agreed is None:
+            return 0
+        self.window.targets += agreed.targets
+        if agreed.nonfinite:
+            self.nonfinite_at(step)  # type: ignore[arg-type]
+        return agreed.signal
+
     def settle(self) -> int:
-        """Read the step flags still pending (``flags_read=late``): count or stop on a skipped
-        step, and return the stop signal they carry (0: none, or nothing pending)."""
-        step, signum = self.flags.collect()
-        if step is not None:
-            self.window["loss_steps"] -= 1
-            self.nonfinite_at(step)
-        return signum
+        """Read the step flags still pending (``flags_read=late``); the stop signal they carry."""
+        return self.take_flags(*self.flags.collect())
 
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:
         """Evaluate, save and stop, decided in one place; True when this invocation stops.
@@ -391,7 +403,7 @@ class Trainer:
         self.pos.eval_pending = eval_due and interrupted
         saving = time.perf_counter()
         signum = self.save(is_best)  # every rank learns here of a stop requested anywhere
-        self.window["start"] += time.perf_counter() - saving  # throughput counts training only
+        self.window.exclude(saving)  # throughput counts training only
         if signum:
             self.stopped_by = signum
         return bool(signum) or stop_after
@@ -417,6 +429,7 @@ class Trainer:
                 self.sampler.steps_per_epoch,
                 self.total_steps,
             )
+            log.info("loss: %s", self.objective.describe())
         # Created after every rank has passed DDP's construction; updated by rank 0 only.
         bar = tqdm(total=self.total_steps, initial=pos.step, desc="train", unit="step",
                    disable=not (c.progress and ctx.is_main), dynamic_ncols=True,

@@ -51,6 +51,14 @@ def fit(out: str, **overrides) -> dict:
     }
 
 
+def fit_seeded(out: str, **overrides) -> dict:
+    """``fit`` with each rank's random stream seeded as ``python -m refddp.train`` seeds it
+    (a warm pool's ranks carry whatever state earlier tests left: dropout would differ)."""
+    c = tiny_config(out, **overrides)
+    torch.manual_seed(c.seed + dist.get_rank())
+    return fit(out, **overrides)
+
+
 def fit_recording_collectives(out: str, **overrides) -> dict:
     c = tiny_config(out, **overrides)
     with record_collectives() as log:
@@ -68,6 +76,20 @@ def eval_model(weights: dict, **overrides) -> dict:
     model = build_model(c)
     model.load_state_dict(weights)
     return evaluate(model, build_datasets(c)[1], c, init_distributed("cpu"), None)
+
+
+def describe_objective(out: str, **overrides) -> str:
+    """What a trainer built for this config says, at start-up, about its loss."""
+    return Trainer(tiny_config(out, **overrides), init_distributed("cpu")).objective.describe()
+
+
+def evaluate_fresh_model(**overrides) -> dict:
+    """The freshly initialised model of this config, evaluated on every rank."""
+    from refddp.data import build_datasets
+    from refddp.models import build_model
+
+    c = tiny_config("unused", **overrides)
+    return evaluate(build_model(c), build_datasets(c)[1], c, init_distributed("cpu"), None)
 
 
 def scale_after_resume(out: str, **overrides) -> float:

@@ -9,6 +9,7 @@ import yaml
 
 import refddp
 from refddp.dist import loopback_store
+from refddp.objectives import PROBE_SAMPLES
 from tests.cli_runs import run_nodes, torchrun_node_command
 
 
@@ -106,6 +107,10 @@ def test_ranks_see_disjoint_shards_that_cover_the_data_reshuffled_each_epoch(
         **tiny,  # 2 epochs, 6 global batches of 16 each
     )
     seen = [[int(i) for i in (record / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+    # Before any step each rank checks the objective on the first samples (not trained on).
+    probe = min(PROBE_SAMPLES, tiny["batch_size"])
+    assert all(s[:probe] == list(range(probe)) for s in seen)
+    seen = [s[probe:] for s in seen]
     assert len(seen[0]) == len(seen[1]) == 2 * 48
     for epoch in (0, 1):
         mine = [s[epoch * 48 : (epoch + 1) * 48] for s in seen]

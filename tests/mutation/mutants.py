@@ -37,6 +37,8 @@ T_HARNESS = "tests/multiproc/test_harness.py"
 DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
 WATCHDOG = "refddp/watchdog.py"
 FLAGS, T_FLAGS = "refddp/step_flags.py", "tests/multiproc/test_step_flags.py"
+WINDOW, T_SEQ = "refddp/window.py", "tests/multiproc/test_sequence_workloads.py"
+T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objective_checks.py"
 
 MUTANTS = (
     Mutant(
@@ -75,8 +77,32 @@ MUTANTS = (
     ),
     Mutant(
         "loss-not-divided-by-accumulation", "loss normalisation under accumulation", TRAINER,
-        "loss = loss / c.grad_accum", "loss = loss",
+        "self.loss_scale = ctx.world_size / self.global_batch",
+        "self.loss_scale = 1 / self.batch_size",
         (f"{T_CLI}::test_world_size_and_accumulation_split_give_the_same_weights",),
+    ),
+    Mutant(
+        "normalised-per-micro-batch", "exact normalisation: the global batch's target count",
+        TRAINER,
+        "            targets = loss.count if targets is None else targets + loss.count\n",
+        "            targets = self.batch_size if targets is None else targets + self.batch_size\n"
+        "            loss = loss._replace(total=loss.total / loss.count * self.batch_size)\n",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
+         "_split[cross_entropy]",),
+    ),
+    Mutant(
+        "normalised-per-rank", "exact normalisation: the global batch's target count", FLAGS,
+        "            update(read.targets)",
+        "            update(_decode(flags.tolist()).targets * self.parallel.ctx.world_size)",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
+         "_split[cross_entropy]",),
+    ),
+    Mutant(
+        "gradient-not-rescaled-to-targets", "exact normalisation: the global batch's target count",
+        TRAINER, "        if self.objective.exact:\n            self.rescale_gradients(targets)\n",
+        "",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
+         "_split[cross_entropy]",),
     ),
     Mutant(
         "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
@@ -195,9 +221,9 @@ MUTANTS = (
     ),
     Mutant(
         "rank0-skips-a-collective", "every rank issues the same collectives", TRAINER,
-        "        dist.all_reduce(train_loss)\n",
+        "        dist.all_reduce(train)  # sums over ranks: the mean over every target trained on\n",
         "        if self.ctx.rank:  # a rank-conditional collective\n"
-        "            dist.all_reduce(train_loss)\n",
+        "            dist.all_reduce(train)\n",
         (f"{T_TRAINER}::test_every_rank_issues_the_same_collectives_through_train_eval_save_and"
          "_logging",),
     ),
@@ -334,12 +360,43 @@ MUTANTS = (
     ),
     Mutant(
         "fsdp-compile-ignored", "--compile compiles under FSDP", PARALLEL,
-        "                _compile_forward(block)", "                pass",
+        "                _compile_forward(block, index)", "                pass",
         (f"{T_FSDP}::test_fsdp_with_torch_compile_trains_like_eager",),
     ),
     Mutant(
+        "fsdp-compile-shares-one-code-object", "--compile compiles every block of a deep model",
+        PARALLEL,
+        '    unit_forward.__code__ = unit_forward.__code__.replace(co_name=f"unit_forward_{index}")\n',
+        "",
+        (f"{T_HF}::test_compile_under_fsdp_compiles_every_one_of_twelve_blocks",),
+    ),
+    Mutant(
+        "objective-check-not-agreed", "bad input: every rank stops alike, no hang", EVALUATION,
+        "        problem = next((p for p in problems if p), None)\n", "",
+        (f"{T_CHECKS}::test_a_problem_one_rank_alone_finds_stops_every_rank_with_its_line",),
+    ),
+    Mutant(
+        "count-ignores-the-shift", "exact normalisation of an HF causal LM's own loss",
+        "refddp/objectives/model_loss.py",
+        "            labels = batch[LABELS][..., 1:] if self.shifts else batch[LABELS]",
+        "            labels = batch[LABELS]",
+        (f"{T_SEQ}::test_a_model_that_cannot_be_normalised_exactly_gets_micro_batch_means_and"
+         "_says_so",
+         f"{T_SEQ}::test_a_hugging_face_gpt2_computing_its_own_loss_gives_the_same_weights_at"
+         "_any_split"),
+    ),
+    Mutant(
+        "eval-loss-a-mean-of-batch-means", "exact eval: token-weighted val_loss",
+        "refddp/objectives/cross_entropy.py",
+        "        return [total.double(), count, correct, count]",
+        "        return [total.double() / count, 1, correct, count]",
+        (f"{T_SEQ}::test_validation_loss_is_the_mean_over_every_target_token_at_any_world_size",),
+    ),
+    Mutant(
         "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
-        TRAINER, "not math.isfinite(step_loss.item())", "False",
+        PARALLEL, "        if self.ctx.world_size == 1:\n            return flags\n",
+        "        if self.ctx.world_size == 1:\n"
+        "            return torch.cat([torch.zeros_like(flags[:1]), flags[1:]])\n",
         (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
     ),
     Mutant(
@@ -414,7 +471,8 @@ MUTANTS = (
     ),
     Mutant(
         "late-loss-count-kept", "flags_read=late: the train loss leaves out skipped steps",
-        TRAINER, '            self.window["loss_steps"] -= 1\n', "",
+        WINDOW, "            self.loss_targets += torch.where(applied, torch.as_tensor(targets), 0)",
+        "            self.loss_targets += targets",
         (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
     ),
     Mutant(
@@ -423,15 +481,15 @@ MUTANTS = (
         (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
     ),
     Mutant(
-        "late-signal-dropped", "flags_read=late: every rank stops a step later", TRAINER,
-        "            signum = self.settle()  # the previous step's flags",
-        "            signum = self.settle() and 0  # the previous step's flags",
+        "late-signal-dropped", "flags_read=late: every rank stops a step later", FLAGS,
+        "            return Verdict(applied, read_step, read)",
+        "            return Verdict(applied, read_step, read and read._replace(signal=0))",
         (f"{T_FLAGS}::test_a_stop_signal_read_late_stops_every_rank_a_step_later_and_resumes"
          "_exactly[ddp]",),
     ),
     Mutant(
-        "late-flags-name-the-wrong-step", "flags_read=late: the non-finite step is named", TRAINER,
-        "self.flags.defer(self.pos.step + 1, agreed)", "self.flags.defer(self.pos.step, agreed)",
+        "late-flags-name-the-wrong-step", "flags_read=late: the non-finite step is named", FLAGS,
+        "            self.defer(step, agreed)", "            self.defer(step - 1, agreed)",
         (f"{T_FLAGS}::test_late_flags_stop_every_rank_on_a_nonfinite_loss_naming_the_same_step",),
     ),
     Mutant(

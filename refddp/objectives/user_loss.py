@@ -1,0 +1,70 @@
+"""``--loss package.module:callable``: the user's loss, called as ``fn(outputs, batch)``.
+
+The model is called without the targets (a tuple's last element, a dict's ``labels``); ``fn``
+gets its outputs and the whole batch. It returns either ``(loss_sum, count)`` (the loss summed
+over the batch's ``count`` targets: refddp then normalises exactly, by the global batch's
+count) or a scalar loss, taken to be the batch's mean: micro-batch means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from refddp.config import ConfigError
+from refddp.objectives.base import LossTerms, Objective
+from refddp.objectives.batches import batch_size
+
+
+class UserLoss(Objective):
+    def __init__(self, spec: str, fn: Callable[[Any, Any], Any]):
+        self.name, self.fn = spec, fn
+        self.exact = True
+
+    def loss(self, outputs: Any, batch: Any) -> LossTerms:
+        found = self.fn(outputs, batch)
+        if isinstance(found, tuple | list) and len(found) == 2:
+            total, count = found
+            if not self.exact:
+                raise _inconsistent(self.name)
+            return LossTerms(_scalar(total, self.name), count)
+        if self.exact:
+            raise _inconsistent(self.name)
+        samples = batch_size(batch)
+        return LossTerms(_scalar(found, self.name) * samples, samples)
+
+    def check(self, model: nn.Module, batch: Any) -> None:
+        found = self.fn(self.forward(model, batch), batch)
+        self.exact = isinstance(found, tuple | list) and len(found) == 2
+        total = found[0] if self.exact else found
+        _scalar(total, self.name)
+        if self.exact and not isinstance(found[1], int | float | torch.Tensor):
+            raise ConfigError(
+                f"loss: {self.name} returned a count of type {type(found[1]).__name__}; "
+                "(loss_sum, count) needs a number or a tensor count"
+            )
+
+    def describe(self) -> str:
+        if self.exact:
+            return f"{self.name} (loss_sum, count), normalised by the global batch's target count"
+        return f"{self.name} (a mean per batch): mean of micro-batch means"
+
+
+def _scalar(value: Any, spec: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise ConfigError(
+            f"loss: {spec} must return a scalar tensor or (loss_sum, count), got "
+            f"{type(value).__name__}"
+            + (f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else "")
+        )
+    return value.reshape(())
+
+
+def _inconsistent(spec: str) -> RuntimeError:
+    return RuntimeError(
+        f"loss: {spec} returned (loss_sum, count) on one batch and a scalar on another; "
+        "return the same kind for every batch"
+    )

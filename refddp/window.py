@@ -1,0 +1,80 @@
+"""What training measures between two evaluations: time, samples, targets, the loss.
+
+Each evaluation's history record covers one window; a checkpoint carries the open window over,
+so a resumed run's next record covers the same steps as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Window:
+    """One rank's window. Times are this rank's; samples and targets count the global batch.
+
+    The loss is summed over the targets of the steps whose update was applied, on the device:
+    no host sync per step; an evaluation all-reduces it.
+    """
+
+    loss_sum: torch.Tensor
+    loss_targets: torch.Tensor
+    start: float = field(default_factory=time.perf_counter)
+    seconds: float = 0.0  # carried over from before a resume
+    samples: int = 0
+    targets: float = 0.0  # the global batches' targets, as the agreed flags counted them
+    steps: int = 0
+    data_wait: float = 0.0
+
+    @classmethod
+    def open(cls, device: torch.device, saved: dict[str, Any] | None = None) -> Window:
+        """A new window; ``saved``: the one a checkpoint carried over (``Window.saved``)."""
+        saved = saved or {}
+        loss_sum, loss_targets = saved.get("loss", (0.0, 0.0))
+        return cls(
+            loss_sum=torch.tensor(loss_sum, dtype=torch.float64, device=device),
+            loss_targets=torch.tensor(loss_targets, dtype=torch.float64, device=device),
+            seconds=saved.get("seconds", 0.0),
+            samples=saved.get("samples", 0),
+            targets=saved.get("targets", 0.0),
+            steps=saved.get("steps", 0),
+            data_wait=saved.get("data_wait", 0.0),
+        )
+
+    def add_loss(
+        self, total: torch.Tensor, targets: torch.Tensor | int, applied: torch.Tensor | bool
+    ) -> None:
+        """Count a step's loss if its update was applied (``applied`` on the device: a step
+        skipped there counts nothing, without the host knowing yet)."""
+        if isinstance(applied, torch.Tensor):
+            self.loss_sum += torch.where(applied, total, 0.0)
+            self.loss_targets += torch.where(applied, torch.as_tensor(targets), 0)
+        elif applied:
+            self.loss_sum += total
+            self.loss_targets += targets
+
+    def elapsed(self) -> float:
+        """Seconds of training in this window (a resume's carried-over share included)."""
+        return self.seconds + time.perf_counter() - self.start
+
+    def exclude(self, since: float) -> None:
+        """Leave the time since ``since`` (a save, say) out of the training time."""
+        self.start += time.perf_counter() - since
+
+    def saved(self) -> dict[str, Any]:
+        """The window for a checkpoint (this rank's loss goes separately, per rank)."""
+        return {
+            "seconds": self.elapsed(),
+            "samples": self.samples,
+            "targets": self.targets,
+            "steps": self.steps,
+            "data_wait": self.data_wait,
+        }
+
+    def local_loss(self) -> list[float]:
+        """This rank's [loss sum, targets] (a host sync: at saves only)."""
+        return [self.loss_sum.item(), self.loss_targets.item()]
