@@ -19,9 +19,17 @@ from torch import nn
 from refddp import checkpoint_formats
 from refddp.checkpoint_full import BEST, LATEST, PREVIOUS, write_checkpoint
 from refddp.config import TrainConfig
-from refddp.run_files import RunFileError, checkpoint_dir, torch_save, writing
+from refddp.run_files import (
+    RunFileError,
+    checkpoint_dir,
+    remove_stale_temp_files,
+    save_atomic,
+    torch_save,
+    writing,
+)
 from refddp.run_state import (
     FORMAT_VERSION,
+    REQUIRED_KEYS,
     CheckpointError,
     check_model_compatible,
     clean_state_dict,
@@ -35,6 +43,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LATEST",
     "PREVIOUS",
+    "REQUIRED_KEYS",
     "CheckpointError",
     "RunFileError",
     "check_model_compatible",
@@ -44,7 +53,9 @@ __all__ = [
     "load_full_checkpoint",
     "load_model_weights",
     "load_resume_checkpoint",
+    "remove_stale_temp_files",
     "rng_state",
+    "save_atomic",
     "set_rng_state",
     "torch_save",
     "unwrap",
