@@ -29,6 +29,9 @@ Loading runs no code: DCP reads its ``.metadata`` with a plain ``pickle.load`` a
 entries with ``torch.load(weights_only=False)`` (torch 2.13). refddp reads the metadata with
 an allow-list unpickler (DCP's own metadata classes, torch sizes and dtypes only) and puts no
 non-tensor object into DCP; a checkpoint that holds one is refused.
+
+A format of ``refddp/checkpoint_formats.py``; its run state is a plain file of the full format
+(``refddp/checkpoint_full.py``), and every file is written through ``refddp/run_files.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import pickle
 import re
 import shutil
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -47,21 +50,30 @@ import torch.distributed.checkpoint.metadata as _METADATA
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from refddp import checkpoint as ckpt
+from refddp import checkpoint_full, run_files
 from refddp.dist import rank0_then_meet
-
-if TYPE_CHECKING:
-    from refddp.run_state import RunParts
+from refddp.run_files import RunFileError
+from refddp.run_state import REQUIRED_KEYS, CheckpointError, RunParts
 
 LATEST, PREVIOUS, BEST = (
     "checkpoint_latest.dcp", "checkpoint_previous.dcp", "checkpoint_best.dcp",
 )  # fmt: skip
+GATHERS_TENSORS = False  # every rank writes its own shards
 RUN_STATE = "run_state.pth"
-RUN_STATE_KEYS = tuple(k for k in ckpt.REQUIRED_KEYS if k != "model_state_dict")
+RUN_STATE_KEYS = tuple(k for k in REQUIRED_KEYS if k != "model_state_dict")
 KEY = "dcp_checkpoint"  # in a loaded run state: the directory its tensors are in
 LAYOUT = "dcp_parameters"  # in run_state.pth: parameter FQNs in the optimizer's index order
 _STEP_DIR = re.compile(r"^checkpoint_step\d{8}(-\d+)?\.dcp$")
 _TEMP_DIR = re.compile(r"^\.checkpoint_step\d{8}\.dcp\.tmp$")
+
+
+def owns(path: str) -> bool:
+    """A directory (or a link to one) is a dcp checkpoint."""
+    return os.path.isdir(path)
+
+
+def latest(checkpoints: str) -> tuple[str, str]:
+    return os.path.join(checkpoints, LATEST), os.path.join(checkpoints, PREVIOUS)
 
 
 # -- reading without running code -----------------------------------------------------------
@@ -112,27 +124,27 @@ class _SafeReader(FileSystemReader):
 def read_metadata(path: str) -> Metadata:
     """The checkpoint's DCP metadata; a missing, corrupt or code-carrying one is one line."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
-        raise ckpt.CheckpointError(f"{path}: not a dcp checkpoint (no .metadata in it)")
+        raise CheckpointError(f"{path}: not a dcp checkpoint (no .metadata in it)")
     try:
         metadata = _SafeReader(path).read_metadata()
     except pickle.UnpicklingError as exc:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: refused: its .metadata needs pickled code to load ({exc})"
         ) from None
     except Exception as exc:  # noqa: BLE001 - truncated, not a pickle, ...: all "corrupt"
         reason = type(exc).__name__
-        raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata ({reason})") from None
+        raise CheckpointError(f"{path}: corrupt dcp .metadata ({reason})") from None
     storage = getattr(metadata, "storage_data", None)
     if not (isinstance(metadata, Metadata) and isinstance(metadata.state_dict_metadata, dict)
             and isinstance(storage, dict)
             and all(isinstance(getattr(info, "offset", None), int)
                     and isinstance(getattr(info, "length", None), int)
                     for info in storage.values())):  # fmt: skip
-        raise ckpt.CheckpointError(f"{path}: corrupt dcp .metadata (not DCP metadata)")
+        raise CheckpointError(f"{path}: corrupt dcp .metadata (not DCP metadata)")
     objects = [k for k, v in metadata.state_dict_metadata.items()
                if not isinstance(v, TensorStorageMetadata)]  # fmt: skip
     if objects:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: refused: it holds pickled objects ({', '.join(objects[:3])}), which "
             "refddp does not load"
         )
@@ -146,19 +158,19 @@ def _check_complete(path: str, metadata: Metadata) -> None:
         name = getattr(info, "relative_path", None)
         if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name
                 or "\\" in name or os.sep in name):  # fmt: skip
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"{path}: refused: its .metadata names a shard file outside it ({name!r})"
             )
         if name not in sizes:
             try:
                 sizes[name] = os.path.getsize(os.path.join(path, name))
             except OSError:
-                raise ckpt.CheckpointError(
+                raise CheckpointError(
                     f"{path}: incomplete dcp checkpoint: shard file {name} is missing "
                     "(is --out shared by every rank?)"
                 ) from None
         if sizes[name] < info.offset + info.length:
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"{path}: incomplete dcp checkpoint: shard file {name} is truncated "
                 f"({sizes[name]} bytes, needs {info.offset + info.length})"
             )
@@ -175,12 +187,12 @@ def load_run_state(path: str) -> dict[str, Any]:
     metadata = read_metadata(path)
     _check_complete(path, metadata)
     if not os.path.isfile(os.path.join(path, RUN_STATE)):
-        raise ckpt.CheckpointError(f"{path}: not a refddp dcp checkpoint (no {RUN_STATE} in it)")
-    state = ckpt.load_checkpoint(os.path.join(path, RUN_STATE), RUN_STATE_KEYS)
+        raise CheckpointError(f"{path}: not a refddp dcp checkpoint (no {RUN_STATE} in it)")
+    state = checkpoint_full.load_run_state(os.path.join(path, RUN_STATE), RUN_STATE_KEYS)
     layout = state.get(LAYOUT)
     if not (isinstance(layout, dict) and isinstance(layout.get("model"), list)
             and isinstance(layout.get("parameters"), list)):  # fmt: skip
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: not a refddp dcp checkpoint (no parameter layout in its {RUN_STATE})"
         )
     state["model_state_dict"] = {
@@ -206,14 +218,14 @@ def load_full(state: dict[str, Any]) -> dict[str, Any]:
         try:
             dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=True)
         except CheckpointException as exc:
-            raise ckpt.CheckpointError(f"{path}: cannot read its tensors ({_first(exc)})") from None
+            raise CheckpointError(f"{path}: cannot read its tensors ({_first(exc)})") from None
         except Exception as exc:  # noqa: BLE001 - a corrupt shard file: one line, not a traceback
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ckpt.CheckpointError(f"{path}: cannot read its tensors ({reason})") from None
+            raise CheckpointError(f"{path}: cannot read its tensors ({reason})") from None
     try:
         return _assemble(state, tensors)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: its {RUN_STATE} does not match its tensors ({type(exc).__name__}: {exc})"
         ) from None
 
@@ -261,10 +273,10 @@ def _flat(model_state: dict[str, Any], optim_state: dict[str, Any]) -> dict[str,
     return flat
 
 
-def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> str:
+def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> str | None:
     """Save a dcp checkpoint: a collective, every rank calls it with the same ``state`` (a
     ``build_state(..., tensors=False)``); rank 0 writes the run state and the links."""
-    directory = ckpt.checkpoint_dir(out)
+    directory = run_files.checkpoint_dir(out)
     tmp = os.path.join(directory, f".checkpoint_step{state['step']:08d}.dcp.tmp")
     rank0_then_meet(lambda: _prepare(directory))
     stepped = bool(parts.optimizer.state)  # the same on every rank: all step together
@@ -273,7 +285,7 @@ def write(state: dict[str, Any], parts: RunParts, out: str, is_best: bool) -> st
         dcp.save(_flat(model_state, optim_state),
                  storage_writer=FileSystemWriter(tmp, sync_files=True))  # fmt: skip
     except CheckpointException as exc:  # every rank gets it
-        raise ckpt.RunFileError(f"cannot write checkpoint {tmp} ({_first(exc)})") from None
+        raise RunFileError(f"cannot write checkpoint {tmp} ({_first(exc)})") from None
     names = [name for name, _ in parts.parallel.model.named_parameters()]
     layout = {"model": [f"model/{k}" for k in model_state], "parameters": names,
               "optimizer": stepped}  # fmt: skip
@@ -288,9 +300,9 @@ def _first(exc: CheckpointException) -> str:
 
 
 def _prepare(directory: str) -> None:
-    with ckpt.writing(directory):
+    with run_files.writing(directory):
         os.makedirs(directory, exist_ok=True)
-        ckpt.remove_stale_temp_files(directory)
+        run_files.remove_stale_temp_files(directory)
         for name in os.listdir(directory):  # a temporary directory is only ever a dead one's
             if _TEMP_DIR.match(name):
                 shutil.rmtree(os.path.join(directory, name))
@@ -300,15 +312,15 @@ def _publish(state: dict[str, Any], directory: str, tmp: str, is_best: bool) -> 
     """Rank 0: complete the checkpoint, rename it into place, point the links at it."""
     try:
         _check_complete(tmp, read_metadata(tmp))
-    except ckpt.CheckpointError as exc:  # not renamed: latest keeps naming a complete one
-        raise ckpt.RunFileError(f"cannot complete checkpoint {exc}") from None
-    ckpt.save_atomic(state, os.path.join(tmp, RUN_STATE))
+    except CheckpointError as exc:  # not renamed: latest keeps naming a complete one
+        raise RunFileError(f"cannot complete checkpoint {exc}") from None
+    run_files.save_atomic(state, os.path.join(tmp, RUN_STATE))
     step, n = f"checkpoint_step{state['step']:08d}", 0
     final = os.path.join(directory, f"{step}.dcp")
     while os.path.exists(final):  # the same step saved again (a pending evaluation, say)
         n += 1
         final = os.path.join(directory, f"{step}-{n}.dcp")
-    with ckpt.writing(f"checkpoint {final}"):
+    with run_files.writing(f"checkpoint {final}"):
         os.rename(tmp, final)
         latest = os.path.join(directory, LATEST)
         if os.path.islink(latest):
@@ -317,12 +329,12 @@ def _publish(state: dict[str, Any], directory: str, tmp: str, is_best: bool) -> 
         if is_best:
             _point(os.path.join(directory, BEST), os.path.basename(final))
         _remove_unlinked(directory)
-        ckpt._fsync_dir(directory)
+        run_files.fsync_dir(directory)
     return latest
 
 
 def _point(link: str, target: str) -> None:
-    tmp = ckpt._temp_name(link)
+    tmp = run_files.temp_name(link)
     with contextlib.suppress(FileNotFoundError):
         os.remove(tmp)
     os.symlink(target, tmp)
@@ -349,7 +361,7 @@ def restore_tensors(state: dict[str, Any], parts: RunParts) -> None:
         dcp.load(_flat(model_state, optim_state), storage_reader=_SafeReader(state[KEY]))
     except CheckpointException as exc:  # every rank gets it
         reason = _first(exc)
-        raise ckpt.CheckpointError(f"{state[KEY]}: cannot read its tensors ({reason})") from None
+        raise CheckpointError(f"{state[KEY]}: cannot read its tensors ({reason})") from None
     if not stepped:  # saved before the first optimizer step: no optimizer state to load
         set_model_state_dict(parts.parallel.model, model_state)
         groups = state["optimizer_state_dict"]["param_groups"]

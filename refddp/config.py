@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from refddp import checkpoint_formats
+
 
 class ConfigError(ValueError):
     """A user error in the configuration: printed as one line, exit code 2."""
@@ -106,7 +108,7 @@ class TrainConfig:
         "torch.distributed.checkpoint directory each rank writes its own shards into, no "
         "gather; needs an --out every rank sees; python -m refddp.convert_checkpoint makes a "
         "full file of it)",
-        ("full", "dcp"),
+        checkpoint_formats.NAMES,
     )
     find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters (costs a graph walk)")
     compile: bool = _opt(False, "torch.compile the model")

@@ -5,7 +5,8 @@ One process, no process group, any world size the checkpoint was written at. The
 the dict a ``checkpoint_latest.pth`` of the same run holds (same keys, same tensors): it opens
 with ``torch.load(weights_only=True)``, a bare ``refddp.build_model(config)`` loads its
 ``model_state_dict``, and ``--resume`` / ``--init-from`` accept it. Nothing in the input runs
-code (``refddp.checkpoint_dcp``).
+code (``refddp.checkpoint_dcp``). The reading is ``refddp.checkpoint.load_full_checkpoint``,
+which takes a checkpoint of any format.
 
 Exit codes: 0 written; 2 bad arguments or input (one line naming the path); 1 the output
 could not be written (one line naming it).
@@ -17,9 +18,10 @@ import argparse
 import os
 import sys
 
-from refddp import checkpoint as ckpt
-from refddp import checkpoint_dcp
+from refddp import checkpoint_formats
+from refddp.checkpoint import load_full_checkpoint
 from refddp.config import ConfigError
+from refddp.run_files import RunFileError, save_atomic
 
 EXIT_USAGE, EXIT_RUNTIME = 2, 1
 
@@ -33,15 +35,14 @@ def convert(source: str, target: str) -> None:
     """Read the dcp checkpoint ``source`` whole and write it to ``target`` atomically."""
     if not os.path.exists(source):
         raise ConfigError(f"{source}: not found")
-    if not os.path.isdir(source):
+    if checkpoint_formats.owning(source) is checkpoint_formats.plain():
         raise ConfigError(f"{source}: not a dcp checkpoint (not a directory)")
     if not target.endswith((".pt", ".pth")):
         raise ConfigError(f"{target}: the output must be a .pt or .pth file")
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise ConfigError(f"{target}: directory {parent} does not exist")
-    full = checkpoint_dcp.load_full(checkpoint_dcp.load_run_state(source))
-    ckpt.save_atomic(full, target)
+    save_atomic(load_full_checkpoint(source), target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # CheckpointError too: bad input
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ckpt.RunFileError as exc:
+    except RunFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
     print(f"wrote {args.out}")

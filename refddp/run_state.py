@@ -1,22 +1,45 @@
 """The run state a training checkpoint carries, and continuing a run from it.
 
-Which keys a checkpoint holds besides the model (``build_state``), how they are loaded back
-into the model, optimizer, schedule, scaler, RNGs and position (``restore``), and what a
-resumed run may change (``ON_RESUME``). Both checkpoint formats share it: the plain file
-(``refddp/checkpoint.py``) and the sharded directory (``refddp/checkpoint_dcp.py``).
+Which keys a checkpoint holds (``build_state``; ``REQUIRED_KEYS``, ``FORMAT_VERSION``), with
+clean model keys (``clean_state_dict``) and every rank's random states (``rng_state``);
+whether it fits this run (``check_model_compatible``, ``ON_RESUME``, the global batch); and
+how it is loaded back into the model, optimizer, schedule, scaler, RNGs and position
+(``restore``). Every checkpoint format stores this same state: how is
+``refddp/checkpoint_formats.py``'s to say.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
+from torch import nn
 
-from refddp import checkpoint as ckpt
-from refddp.config import TrainConfig, per_rank_batch_size
+from refddp import checkpoint_formats
+from refddp.config import ConfigError, TrainConfig, per_rank_batch_size
+
+FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
+REQUIRED_KEYS = (
+    "model_state_dict",
+    "optimizer_state_dict",
+    "scaler_state_dict",
+    "epoch",
+    "step",
+    "world_size",
+    "config",
+    "metrics",
+)
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: printed as one line naming the file."""
+
 
 # What a resumed run may change, per run field of TrainConfig (tests/unit/test_checkpoint.py
 # checks that every field is listed). Fields that describe one invocation (task, out, resume,
@@ -83,7 +106,7 @@ def refuse_changes(c: TrainConfig, state: dict[str, Any], path: str) -> None:
     theirs = state["config"]
     for name, rule in ON_RESUME.items():
         if rule == REFUSED and name in theirs and theirs[name] != getattr(c, name):
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"{name}: the run being resumed from {path} has {theirs[name]!r}, this invocation "
                 f"{getattr(c, name)!r}; a resumed run cannot change it (to start a new run from "
                 f"its weights: --init-from {path} --out NEW_DIR)"
@@ -102,7 +125,7 @@ def continue_run(
     run = run_global_batch(state)
     if "global_batch_size" in explicit:
         if c.global_batch_size != run:
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"global_batch_size: {c.global_batch_size} would change the global batch of the "
                 f"run being resumed from {path} ({run}); omit it to keep {run}"
             )
@@ -117,13 +140,13 @@ def check_global_batch(c: TrainConfig, world_size: int, state: dict[str, Any], p
     run = run_global_batch(state)
     parts = world_size * c.grad_accum
     if c.global_batch_size == run and run % parts:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: the run's global batch {run} does not divide by {world_size} rank(s) x "
             f"grad_accum {c.grad_accum} = {parts}; resume at a world size x grad_accum that does"
         )
     ours = per_rank_batch_size(c, world_size) * parts
     if ours != run:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"batch_size: {ours // parts} per rank x {world_size} rank(s) x grad_accum "
             f"{c.grad_accum} = global batch {ours}, but the run being resumed from {path} has "
             f"global batch {run}; omit batch_size to keep it"
@@ -154,7 +177,7 @@ def build_state(
         groups = parts.optimizer.state_dict()["param_groups"]
         weights = {"optimizer_state_dict": {"param_groups": groups}}
     return {
-        "format_version": ckpt.FORMAT_VERSION,
+        "format_version": FORMAT_VERSION,
         **weights,
         "scheduler_state_dict": parts.scheduler.state_dict(),
         "scaler_state_dict": parts.scaler.state_dict(),
@@ -193,28 +216,22 @@ def restore(
     step = state["step"]
     samples = state["epoch"] * steps_per_epoch * global_batch + state.get("samples_in_epoch", 0)
     if samples != step * global_batch:
-        raise ckpt.CheckpointError(
+        raise CheckpointError(
             f"{path}: step {step} at global batch {global_batch} is {step * global_batch} "
             f"samples, but the checkpoint is at epoch {state['epoch']} after "
             f"{state.get('samples_in_epoch', 0)} samples of {steps_per_epoch} steps each: "
             "the training set changed; resume with the same data"
         )
-    ckpt.check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
+    check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
     _keep_kernels(state["optimizer_state_dict"]["param_groups"], parts.optimizer)
-    if "dcp_checkpoint" in state:  # sharded: every rank reads its own shards
-        from refddp import checkpoint_dcp
-
-        checkpoint_dcp.restore_tensors(state, parts)
-    else:
-        model_state = ckpt.clean_state_dict(state["model_state_dict"])
-        parts.parallel.load_state(model_state, parts.optimizer, state["optimizer_state_dict"])
+    checkpoint_formats.owning(path).restore_tensors(state, parts)
     if state.get("scheduler_state_dict"):
         parts.scheduler.load_state_dict(state["scheduler_state_dict"])
     _apply_hyperparameters(parts, c)
     parts.scaler.load_state_dict(state["scaler_state_dict"])
     rng = state.get("rng_states") or []
     if len(rng) == world_size:
-        ckpt.set_rng_state(rng[rank])
+        set_rng_state(rng[rank])
     else:  # another world size: a fresh, still deterministic, stream per rank
         torch.manual_seed(c.seed + 7919 * step + rank)
     window = dict(state.get("train_window") or {})
@@ -263,3 +280,73 @@ def _apply_hyperparameters(parts: RunParts, c: TrainConfig) -> None:
             group["momentum"] = c.momentum
     parts.scheduler.base_lrs = [c.lr] * len(parts.optimizer.param_groups)
     parts.scheduler._last_lr = [g["lr"] for g in parts.optimizer.param_groups]  # get_last_lr()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def clean_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """Strip ``module.`` and ``_orig_mod.`` from keys (for checkpoints saved by other tools)."""
+    cleaned = {}
+    for key, value in state.items():
+        while key.startswith(_PREFIXES):
+            key = key.split(".", 1)[1]
+        cleaned[key] = value
+    return cleaned
+
+
+def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -> None:
+    """Fail with one line naming missing, unexpected and mis-shaped keys."""
+    ours = unwrap(model).state_dict()
+    theirs = clean_state_dict(state)
+    missing = [k for k in ours if k not in theirs]
+    unexpected = [k for k in theirs if k not in ours]
+    shapes = [
+        f"{k} {tuple(theirs[k].shape)} vs {tuple(ours[k].shape)}"
+        for k in ours
+        if k in theirs and tuple(theirs[k].shape) != tuple(ours[k].shape)
+    ]
+
+    def few(keys: list[str]) -> str:
+        return ", ".join(keys[:4]) + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "")
+
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {few(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatch: {few(shapes)}")
+    if problems:
+        raise CheckpointError(f"{path}: does not fit this model; " + "; ".join(problems))
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states, in types weights_only loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` saved."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

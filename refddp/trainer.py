@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
-from refddp import checkpoint_dcp, run_state
+from refddp import checkpoint_formats, run_state
 from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, rank0_then_meet
@@ -210,13 +210,11 @@ class Trainer:
         mine = {"rng": ckpt.rng_state(), "loss": self.window.local_loss()}
         dist.all_gather_object(per_rank, mine)
         self.pos.window = self.window.saved()
-        full = self.c.ckpt_format == "full"  # else dcp: each rank writes its shards
+        fmt = checkpoint_formats.named(self.c.ckpt_format)  # full: rank 0 writes; dcp: all
         state = run_state.build_state(self.parts, self.pos, self.c, self.global_batch,
-                                 self.sampler.steps_per_epoch, per_rank, tensors=full)  # fmt: skip
-        if full:
-            rank0_then_meet(lambda: ckpt.write_checkpoint(state, self.c.out, is_best))
-        else:
-            checkpoint_dcp.write(state, self.parts, self.c.out, is_best)
+                                      self.sampler.steps_per_epoch, per_rank,
+                                      tensors=fmt.GATHERS_TENSORS)  # fmt: skip
+        fmt.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
         return self.flags.read(self.flags.local()).signal

@@ -162,7 +162,7 @@ def fit_signalled_during_save(out: str, save_step: int, **overrides) -> dict:
     import os
     import signal
 
-    from refddp import checkpoint
+    from refddp import checkpoint_full as checkpoint
 
     write = checkpoint.write_checkpoint
 

@@ -23,7 +23,8 @@ class Mutant:
 
 DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
 CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
-RUN_STATE = "refddp/run_state.py"
+RUN_STATE, RUN_FILES = "refddp/run_state.py", "refddp/run_files.py"
+CKPT_FULL = "refddp/checkpoint_full.py"
 SYNC_BN, PARALLEL = "refddp/sync_batchnorm.py", "refddp/parallel.py"
 T_PARALLEL, T_FSDP = "tests/multiproc/test_parallel.py", "tests/multiproc/test_fsdp.py"
 T_DATA = "tests/unit/test_data.py"
@@ -127,7 +128,7 @@ MUTANTS = (
     ),
     Mutant(
         "rng-not-restored", "RNG restore (dropout)", RUN_STATE,
-        "        ckpt.set_rng_state(rng[rank])", "        pass",
+        "        set_rng_state(rng[rank])", "        pass",
         (f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
          "_bit_identical",),
     ),
@@ -189,8 +190,8 @@ MUTANTS = (
          "_outputs",),
     ),
     Mutant(
-        "write-in-place", "atomic checkpoint writes", CKPT,
-        'tmp = os.path.join(directory, _temp_name("." + os.path.basename(path)))',
+        "write-in-place", "atomic checkpoint writes", RUN_FILES,
+        'tmp = os.path.join(directory, temp_name("." + os.path.basename(path)))',
         "tmp = path",
         ("tests/unit/test_checkpoint_sigkill.py",),
     ),
@@ -443,9 +444,10 @@ MUTANTS = (
     ),
     Mutant(
         "resume-ignores-dcp", "exact resume from a dcp checkpoint", CKPT,
-        "pairs = ((LATEST, PREVIOUS), (checkpoint_dcp.LATEST, checkpoint_dcp.PREVIOUS))",
-        "pairs = ((LATEST, PREVIOUS),)",
-        (f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical",),
+        "for fmt in checkpoint_formats.every()]", "for fmt in checkpoint_formats.every()[:1]]",
+        ("tests/unit/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
+         "_fresh_start",
+         f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical"),
     ),
     Mutant(
         "dcp-publish-unchecked", "latest names only a complete dcp checkpoint", CKPT_DCP,
@@ -571,5 +573,25 @@ MUTANTS = (
         "",
         (f"{T_FLAGS}::test_a_run_resumes_across_flags_read_with_this_invocations_kernels"
          "[ddp-full]",),
+    ),
+    Mutant(
+        "a-late-import-closes-a-cycle", "no refddp module imports another back", CKPT_FULL,
+        '    """The plain file\'s dict is the full checkpoint already."""\n',
+        '    """The plain file\'s dict is the full checkpoint already."""\n'
+        "    from refddp import checkpoint  # noqa: F401 - the facade imports this module\n",
+        ("tests/unit/test_import_graph.py::test_refddps_modules_import_one_another_without_a"
+         "_cycle",),
+    ),
+    Mutant(
+        "full-checkpoint-left-unread", "the full checkpoint of either format", CKPT,
+        "return fmt.load_full(fmt.load_run_state(path))", "return fmt.load_run_state(path)",
+        (f"{T_CONVERT}::test_the_full_checkpoint_of_either_format_is_the_plain_files_dict",),
+    ),
+    Mutant(
+        "mutant-applied-where-its-snippet-repeats", "mutants stay applicable",
+        "tests/mutation/run.py",
+        "if text.count(mutant.original) != 1:", "if mutant.original not in text:",
+        ("tests/unit/test_mutants.py::test_a_snippet_found_twice_or_nowhere_makes_a_mutant_not"
+         "_applicable",),
     ),
 )

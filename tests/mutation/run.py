@@ -56,13 +56,26 @@ def outcome(returncode: int, mutant: Mutant) -> str:
     return f"ERROR (pytest exit {returncode})"  # collection/usage error: not a verdict
 
 
-def apply(tree: Path, mutant: Mutant) -> str | None:
-    """Apply ``mutant`` in ``tree``; the file's original text, or None if not applicable."""
-    path = tree / mutant.file
-    text = path.read_text() if path.exists() else ""
+def mutated(text: str, mutant: Mutant) -> str | None:
+    """``text`` with ``mutant`` applied, or None if its snippet is not in it exactly once."""
     if text.count(mutant.original) != 1:
         return None
-    path.write_text(text.replace(mutant.original, mutant.replacement))
+    return text.replace(mutant.original, mutant.replacement)
+
+
+def read(tree: Path, mutant: Mutant) -> str:
+    """The text of the file ``mutant`` changes ("" if there is none)."""
+    path = tree / mutant.file
+    return path.read_text() if path.exists() else ""
+
+
+def apply(tree: Path, mutant: Mutant) -> str | None:
+    """Apply ``mutant`` in ``tree``; the file's original text, or None if not applicable."""
+    text = read(tree, mutant)
+    changed = mutated(text, mutant)
+    if changed is None:
+        return None
+    (tree / mutant.file).write_text(changed)
     return text
 
 

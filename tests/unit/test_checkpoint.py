@@ -1,6 +1,7 @@
 """Checkpoints: atomic, clean keys, weights-only, and every bad file is one line naming it."""
 
 import errno
+import inspect
 import logging
 import os
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from refddp import checkpoint as ckpt
+from refddp import checkpoint_formats
 from refddp.config import TrainConfig
 from refddp.models import build_model
 
@@ -182,3 +184,16 @@ def test_a_dangling_latest_link_is_named_not_taken_for_a_fresh_start(tmp_path, c
         path, loaded = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
     assert path.endswith(ckpt.PREVIOUS) and loaded["step"] == 2
     assert "checkpoint_latest.pth is a dangling link" in caplog.text
+
+
+def test_every_format_module_provides_the_whole_interface():
+    interface = checkpoint_formats.CheckpointFormat
+    names = {*interface.__annotations__, *(n for n in vars(interface) if not n.startswith("_"))}
+    assert {"owns", "latest", "write", "load_run_state", "restore_tensors", "load_full"} <= names
+    for name in checkpoint_formats.NAMES:
+        module = checkpoint_formats.named(name)
+        assert [n for n in sorted(names) if not hasattr(module, n)] == [], name
+        for method in sorted(n for n in names if callable(getattr(interface, n, None))):
+            wanted = list(inspect.signature(getattr(interface, method)).parameters)[1:]
+            given = list(inspect.signature(getattr(module, method)).parameters)
+            assert given[: len(wanted)] == wanted, f"{name}.{method}{given}"

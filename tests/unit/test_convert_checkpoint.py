@@ -9,7 +9,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from refddp import checkpoint_dcp, convert_checkpoint
-from refddp.checkpoint import CheckpointError, RunFileError
+from refddp.checkpoint import CheckpointError, RunFileError, load_full_checkpoint
 
 
 def error_line(capsys) -> str:
@@ -81,6 +81,21 @@ def a_dcp_checkpoint(path, w, layout=None):
     }  # fmt: skip
     torch.save(run_state, path / checkpoint_dcp.RUN_STATE)
     return path
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_full_checkpoint_of_either_format_is_the_plain_files_dict(tmp_path, capsys):
+    sharded = a_dcp_checkpoint(tmp_path / "x.dcp", torch.arange(3.0))
+    full = load_full_checkpoint(str(sharded))  # the tensors read, the dcp bookkeeping gone
+    assert torch.equal(full["model_state_dict"]["w"], torch.arange(3.0))
+    assert checkpoint_dcp.KEY not in full and checkpoint_dcp.LAYOUT not in full
+    assert convert_checkpoint.main([str(sharded), str(tmp_path / "x.pth")]) == 0
+    plain = load_full_checkpoint(str(tmp_path / "x.pth"))
+    assert plain.keys() == full.keys()
+    assert torch.equal(plain["model_state_dict"]["w"], torch.arange(3.0))
+    # A plain file is the full format already: nothing for the converter to do.
+    assert convert_checkpoint.main([str(tmp_path / "x.pth"), str(tmp_path / "y.pth")]) == 2
+    assert "x.pth: not a dcp checkpoint (not a directory)" in error_line(capsys)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

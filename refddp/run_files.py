@@ -1,0 +1,153 @@
+"""Writing a run directory's files so that a crash or a full disk loses nothing.
+
+A checkpoint file is written to a temporary file that is fsynced and renamed over the target
+(``save_atomic``): a crash leaves the old file or the new one, never half of one. A write that
+fails (a full disk, say) is one line naming the file (``RunFileError``, exit 1), for the
+checkpoints of every format and for ``history.jsonl``, ``eval.json`` and ``predictions.pt``
+(``writing``). Temporary files a killed writer left behind are removed by the next save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class RunFileError(RuntimeError):
+    """A run-directory file (checkpoint, history, eval, predictions) could not be written.
+
+    A runtime failure, not a usage error: one line naming the file, exit code 1.
+    """
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Report an I/O failure while writing ``path`` (a full disk, say) as one line naming it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise RunFileError(f"cannot write {path}: {reason.strip().splitlines()[0]}") from None
+
+
+def checkpoint_dir(out: str) -> str:
+    """The directory of the run ``out`` that holds its checkpoints, in every format."""
+    return os.path.join(out, "checkpoints")
+
+
+def fsync_dir(path: str) -> None:
+    """Make the directory entries (a rename, a new link) in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _KeepWriteError:
+    """A file whose write errors are kept: torch.save reports them only as an opaque
+    RuntimeError ("unexpected pos ..."), which would hide the cause (a full disk, say)."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def torch_save(obj: Any, f: Any) -> None:
+    """``torch.save`` into the open binary file ``f``; a failed write raises its ``OSError``."""
+    kept = _KeepWriteError(f)
+    try:
+        torch.save(obj, kept)
+        f.flush()
+    except RuntimeError:
+        if kept.error is not None:
+            raise kept.error from None
+        raise
+
+
+_TEMP = re.compile(r"\.tmp-(\d+)$")  # temp_name's files: save_atomic's, link_or_copy's, ...
+
+
+def temp_name(path: str) -> str:
+    """The temporary name this process writes ``path`` under before renaming it into place."""
+    return f"{path}.tmp-{os.getpid()}"
+
+
+def remove_stale_temp_files(directory: str) -> None:
+    """Delete temporary files that writers killed mid-write left behind (their PID is gone)."""
+    for name in os.listdir(directory):
+        match = _TEMP.search(name)
+        if match and not _pid_alive(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, from a write of this process that failed: stale too
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def save_atomic(state: dict[str, Any], path: str) -> None:
+    """Write the checkpoint file ``path`` so that a crash at any moment leaves the old intact."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, temp_name("." + os.path.basename(path)))
+    # torch.load never checks the zip's CRC32s (a flipped byte loads silently), and computing
+    # them costs ~a quarter of a large save (benchmarks/checkpoint_io.py): skip them.
+    crc32 = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        with writing(f"checkpoint {path}"):
+            try:
+                with open(tmp, "wb") as f:
+                    torch_save(state, f)
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            fsync_dir(directory)
+    finally:
+        torch.serialization.set_crc32_options(crc32)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """Point the checkpoint file ``dst`` at ``src``'s bytes atomically (a hard link; a copy
+    where links fail)."""
+    tmp = temp_name(dst)
+    with writing(f"checkpoint {dst}"):
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            try:
+                os.link(src, tmp)
+            except OSError:
+                with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                    while chunk := fin.read(1 << 24):
+                        fout.write(chunk)
+                    fout.flush()
+                    os.fsync(fout.fileno())
+            os.replace(tmp, dst)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
