@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint,examples]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -32,7 +32,7 @@ stress: $(VENV)/.installed
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check refddp tests benchmarks conftest.py
+	$(VENV)/bin/ruff check refddp tests benchmarks examples conftest.py
 
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'

@@ -10,7 +10,13 @@ import torch
 
 from refddp.data import build_datasets
 from refddp.models import build_model
-from tests.rank_tasks import fit, fit_full_weights, fit_seeded, tiny_config
+from tests.rank_tasks import (
+    autocast_dtypes_seen,
+    fit,
+    fit_full_weights,
+    fit_seeded,
+    tiny_config,
+)
 from tests.sequence_code import GPT2_RUN
 
 pytest.importorskip("transformers")
@@ -42,6 +48,16 @@ def test_gpt2_resumed_at_another_world_size_continues_the_same_run(spawn, tmp_pa
     assert last["step"] == straight["step"] == 16
     for key, value in straight["weights"].items():  # float32 loss: equal to its rounding
         torch.testing.assert_close(last["weights"][key], value, rtol=2e-5, atol=2e-6, msg=key)
+
+
+@pytest.mark.parametrize("amp, half", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_gpt2_trains_with_its_forward_in_half_precision(spawn, tmp_path, amp, half):
+    flags = dict(GPT2_RUN, dtype="float32", amp=amp, max_steps=3)
+    seen = spawn(autocast_dtypes_seen, str(tmp_path), **flags)
+    assert seen == [{half}, {half}]  # the LM head computed in half precision: not a no-op
+    record = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 3
+    assert torch.isfinite(torch.tensor([record["train_loss"], record["val_loss"]])).all()
 
 
 def fsdp_units(out: str, **overrides) -> list[str]:
