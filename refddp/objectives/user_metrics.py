@@ -42,13 +42,16 @@ class UserMetrics:
             )
         self.names = sorted(map(str, found))
         self.ratios = {str(k) for k, v in found.items() if isinstance(v, tuple | list)}
-        for name in self.names:
-            for value in self._values(found[name], name):
-                if not (isinstance(value, int | float) or _is_scalar(value)):
-                    raise ConfigError(
-                        f"metrics: {self.spec} returned {type(value).__name__} for {name!r}; "
-                        "each value must be a number or a scalar tensor (a sum over the batch)"
-                    )
+        for key, value in found.items():
+            parts = value if isinstance(value, tuple | list) else [value]
+            numbers = all(isinstance(v, int | float) or _is_scalar(v) for v in parts)
+            if not numbers or len(parts) > 2 or (key in self.ratios and len(parts) != 2):
+                shown = f"{type(value).__name__} of {len(parts)}" if key in self.ratios else (
+                    type(value).__name__)  # fmt: skip
+                raise ConfigError(
+                    f"metrics: {self.spec} returned {shown} for {key!r}; each value must be a "
+                    "number or a scalar tensor (a sum over the batch), or a (sum, count) pair"
+                )
 
     def eval_sums(self, outputs: Any, batch: Any) -> list[Any]:
         found = self.fn(outputs, batch)

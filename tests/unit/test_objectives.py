@@ -1,0 +1,121 @@
+"""The objectives in one process: how batches reach the model, what a loss sums and counts."""
+
+from collections import namedtuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from refddp.config import ConfigError
+from refddp.objectives.batches import batch_size, model_inputs, targets_of, to_device
+from refddp.objectives.cross_entropy import CrossEntropy
+from refddp.objectives.model_loss import ModelLoss
+from refddp.objectives.user_loss import UserLoss
+from refddp.objectives.user_metrics import UserMetrics
+from tests import sequence_code
+
+
+def test_a_dict_batch_reaches_the_model_as_keywords_and_a_tuple_positionally():
+    ids, labels = torch.ones(2, 3), torch.zeros(2, 3)
+    assert model_inputs({"input_ids": ids, "labels": labels}, with_targets=False) == (
+        (), {"input_ids": ids})  # fmt: skip
+    assert model_inputs({"input_ids": ids, "labels": labels}, with_targets=True)[1].keys() == {
+        "input_ids", "labels"}  # fmt: skip
+    args, kwargs = model_inputs((ids, labels), with_targets=False)
+    assert args == (ids,) and kwargs == {}
+    assert targets_of((ids, labels), "cross_entropy") is labels
+    assert batch_size(({"a": torch.ones(5, 2)}, torch.zeros(5))) == 5
+
+
+def test_nested_batches_move_to_the_device_whole():
+    Pair = namedtuple("Pair", "x y")
+    batch = {"pair": Pair(torch.ones(2), [torch.zeros(1), "text"]), "n": 3}
+    moved = to_device(batch, torch.device("meta"))
+    assert moved["pair"].x.is_meta and moved["pair"].y[0].is_meta
+    assert isinstance(moved["pair"], Pair) and moved["pair"].y[1] == "text" and moved["n"] == 3
+
+
+def test_cross_entropy_sums_over_the_targets_and_counts_those_not_minus_100():
+    logits = torch.randn(2, 4, 5, dtype=torch.float64)
+    labels = torch.tensor([[1, 2, -100, -100], [0, 4, 3, -100]])
+    total, count = CrossEntropy().loss(logits, {"labels": labels})
+    assert count == 5
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert torch.allclose(total / count, expected)
+
+
+def config(**overrides):
+    from refddp.config import TrainConfig
+
+    return TrainConfig(**{**sequence_code.GPT2_RUN, "dtype": "float32", **overrides})
+
+
+def first_batch(c):
+    from refddp.objectives.batches import first_batch
+
+    return first_batch(sequence_code.causal_sequences(c)[0], 6)
+
+
+def checked(objective, model, batch):
+    model.eval()
+    with torch.no_grad():
+        objective.check(model, batch)
+    return objective
+
+
+def test_an_hf_causal_lm_is_normalised_by_its_shifted_targets():
+    pytest.importorskip("transformers")
+    c = config()
+    batch = first_batch(c)
+    objective = checked(ModelLoss(), sequence_code.tiny_gpt2(c), batch)
+    assert objective.exact and objective.shifts
+    assert objective.count(batch) == int((batch["labels"][:, 1:] != -100).sum())
+
+
+class SumsOverItsLabels(nn.Module):
+    """Follows the num_items_in_batch convention without shifting (a masked-LM-like loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm = sequence_code.TinyLM(12, 8)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, num_items_in_batch=None):
+        logits = self.lm(input_ids)
+        total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+        count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
+        return {"loss": total / count, "logits": logits}
+
+
+def test_which_targets_a_model_counts_is_measured_not_assumed():
+    c = config()
+    batch = first_batch(c)
+    objective = checked(ModelLoss(), SumsOverItsLabels(), batch)
+    assert objective.exact and not objective.shifts
+    mean_only = checked(ModelLoss(), sequence_code.MeanLossLM(12, 8), batch)
+    assert not mean_only.exact
+    assert "mean of micro-batch means" in mean_only.describe()
+
+
+def test_a_user_loss_is_exact_only_when_it_returns_a_sum_and_a_count():
+    c = config(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences")
+    batch = first_batch(c)
+    model = sequence_code.tiny_lm(c)
+    assert checked(UserLoss("s", sequence_code.summed_token_loss), model, batch).exact
+    mean = checked(UserLoss("m", sequence_code.mean_token_loss), model, batch)
+    assert not mean.exact
+    switching = UserLoss("s", sequence_code.mean_token_loss)
+    switching.exact = True  # as if its first batch had returned (loss_sum, count)
+    with pytest.raises(RuntimeError, match="returned \\(loss_sum, count\\) on one batch"):
+        switching.loss(model(batch["input_ids"]), batch)
+
+
+def test_user_metrics_must_be_numbers_summed_over_the_batch():
+    metrics = UserMetrics("m", lambda outputs, batch: {"top1": [1, 2, 3]})
+    with pytest.raises(ConfigError, match="metrics: m returned list of 3 for 'top1'"):
+        metrics.check(None, None)
+    ok = UserMetrics("m", lambda outputs, batch: {"hits": (3, 4), "seen": torch.tensor(4)})
+    ok.check(None, None)
+    assert ok.sum_names == ("metric:hits", "metric:hits:count", "metric:seen")
+    sums = {"metric:hits": 6.0, "metric:hits:count": 8.0, "metric:seen": 8.0}
+    assert ok.metrics(sums) == {"val_hits": 0.75, "val_seen": 8.0}
