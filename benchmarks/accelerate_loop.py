@@ -10,12 +10,10 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import GLOBAL_BATCH, LR, WEIGHT_DECAY, EpochClock, Job, TensorBatches, checkpoint_path, first, parse_args, report  # noqa: E402, I001
+from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -23,29 +21,30 @@ def main() -> None:
     job = Job(args.model)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     world = accelerator.num_processes
-    model, x, y, val_x, val_y = job.build()
+    model, train, val = job.build()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    loader = DataLoader(TensorBatches(x, y), GLOBAL_BATCH // world, shuffle=True, drop_last=True,
-                        collate_fn=first, generator=torch.Generator().manual_seed(0))  # fmt: skip
-    val_loader = DataLoader(TensorBatches(val_x, val_y), GLOBAL_BATCH, collate_fn=first)
+    loader = job.loader(train, job.global_batch // world, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    val_loader = job.loader(val, job.global_batch)
     model, opt, loader, val_loader = accelerator.prepare(model, opt, loader, val_loader)
     clock = EpochClock()
     for epoch in range(job.epochs):
         loader.set_epoch(epoch)
         clock.start()
-        samples = 0
-        for xb, yb in loader:
+        units = 0
+        for batch in loader:
+            units += job.units(batch) * world
             opt.zero_grad(set_to_none=True)
-            accelerator.backward(F.cross_entropy(model(xb), yb))
+            accelerator.backward(job.loss(model, batch))
             opt.step()
-            samples += len(xb) * world
-        clock.stop(samples)
-        correct = total = 0
+        clock.stop(units)
+        total = count = 0.0
         model.eval()
         with torch.no_grad():
-            for xb, yb in val_loader:
-                hits = accelerator.gather_for_metrics(model(xb).argmax(1) == yb)
-                correct, total = correct + int(hits.sum()), total + len(hits)
+            for batch in val_loader:
+                score = accelerator.gather_for_metrics(
+                    torch.tensor([job.score(model, batch)], dtype=torch.float64))
+                total, count = total + float(score[:, 0].sum()), count + float(score[:, 1].sum())
         model.train()
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -54,7 +53,7 @@ def main() -> None:
             torch.save(state, checkpoint_path(args.out))
         accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        report(clock, correct / total)
+        report(clock, total / count)
     accelerator.end_training()
 
 

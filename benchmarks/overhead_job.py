@@ -14,64 +14,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
-# The demo's model (make demo: the small-step regime where per-step overhead shows) and a
-# larger MLP where compute hides it. Everything else is the trainer's default job.
+# The demo's model (make demo: the small-step regime where per-step overhead shows), a larger
+# MLP where compute hides it, and a small GPT-2 from transformers on byte-level text (issue
+# 21: dict batches, the model computes its loss, throughput in tokens). Everything else is the
+# trainer's default job.
 MODELS = {
     "demo": {"hidden_size": 128, "depth": 2},
     "large": {"hidden_size": 512, "depth": 4},
+    "gpt2": {"hidden_size": 64, "depth": 2},
 }
 GLOBAL_BATCH = 256
 TRAIN_SIZE = 16384
 VAL_SIZE = 2048
-EPOCHS = {"demo": 12, "large": 3}  # demo: 11 steady epochs of ~0.1-0.25 s; fewer were noise
+EPOCHS = {"demo": 12, "large": 3, "gpt2": 3}  # demo: 11 steady epochs of ~0.1-0.25 s
 LR = 3e-3
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
+# GPT-2: 64-byte contexts, 16 sequences (~640 target tokens) per step, 64 steps per epoch.
+GPT2 = {"input_dim": 64, "train_size": 1024, "val_size": 64, "global_batch": 16}
+# The GPT-2 job's model and data are examples/gpt2_bytes.py, imported from the repository root
+# (the baseline scripts run with this directory, not the root, first on sys.path).
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@dataclass
-class Job:
-    model: str
-    epochs: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.epochs = EPOCHS[self.model]
-
-    def refddp_flags(self) -> list[str]:
-        """The same job as ``python -m refddp.train`` flags."""
-        shape = MODELS[self.model]
-        return [
-            f"--hidden-size={shape['hidden_size']}",
-            f"--depth={shape['depth']}",
-            f"--global-batch-size={GLOBAL_BATCH}",
-            f"--train-size={TRAIN_SIZE}",
-            f"--val-size={VAL_SIZE}",
-            f"--epochs={self.epochs}",
-            f"--lr={LR}",
-            f"--weight-decay={WEIGHT_DECAY}",
-            "--lr-schedule=constant",
-            "--optimizer=adamw",
-        ]
-
-    def build(self) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Model and data exactly as refddp builds them for these flags."""
-        from refddp.config import TrainConfig
-        from refddp.data import synthetic
-        from refddp.models import build_model
-
-        c = TrainConfig(
-            **MODELS[self.model], train_size=TRAIN_SIZE, val_size=VAL_SIZE, epochs=self.epochs
-        )
-        train, val = synthetic(c)
-        return build_model(c), train.x, train.y, val.x, val.y
-
-
-class TensorBatches(torch.utils.data.Dataset):
+class TensorBatches(Dataset):
     """Fetches a whole batch with one indexing op (``__getitems__``), as refddp's built-in data
     does; ``first`` as the loader's collate_fn passes that batch through."""
 
@@ -93,8 +68,91 @@ def first(items: list) -> tuple[torch.Tensor, torch.Tensor]:
     return items[0]
 
 
+@dataclass
+class Job:
+    model: str
+    epochs: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.epochs = EPOCHS[self.model]
+
+    @property
+    def tokens(self) -> bool:
+        """Throughput counts target tokens (GPT-2), else samples."""
+        return self.model == "gpt2"
+
+    @property
+    def global_batch(self) -> int:
+        return GPT2["global_batch"] if self.tokens else GLOBAL_BATCH
+
+    def refddp_flags(self) -> list[str]:
+        """The same job as ``python -m refddp.train`` flags."""
+        shape = MODELS[self.model]
+        sizes = (GPT2["train_size"], GPT2["val_size"]) if self.tokens else (TRAIN_SIZE, VAL_SIZE)
+        flags = [
+            f"--hidden-size={shape['hidden_size']}",
+            f"--depth={shape['depth']}",
+            f"--global-batch-size={self.global_batch}",
+            f"--train-size={sizes[0]}",
+            f"--val-size={sizes[1]}",
+            f"--epochs={self.epochs}",
+            f"--lr={LR}",
+            f"--weight-decay={WEIGHT_DECAY}",
+            "--lr-schedule=constant",
+            "--optimizer=adamw",
+        ]
+        if self.tokens:
+            flags += ["--model=examples.gpt2_bytes:model", "--data=examples.gpt2_bytes:data",
+                      "--loss=model", "--dropout=0", f"--input-dim={GPT2['input_dim']}"]  # fmt: skip
+        return flags
+
+    def config(self):  # type: ignore[no-untyped-def]
+        from refddp.config import merge, parse_cli
+
+        return merge(parse_cli(self.refddp_flags())[0], {})
+
+    def build(self) -> tuple[nn.Module, Dataset, Dataset]:
+        """Model and data exactly as refddp builds them for these flags; the MLP's data fetched
+        a batch at a time (``TensorBatches``), as refddp's built-in data is."""
+        from refddp.data import build_datasets
+        from refddp.models import build_model
+
+        c = self.config()
+        train, val = build_datasets(c)
+        if not self.tokens:
+            train, val = TensorBatches(train.x, train.y), TensorBatches(val.x, val.y)
+        return build_model(c), train, val
+
+    def loader(self, dataset: Dataset, batch: int, **kwargs: Any) -> DataLoader:
+        collate = None if self.tokens else first
+        return DataLoader(dataset, batch, collate_fn=collate, **kwargs)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The loss a hand-written loop computes: the model's own (a micro-batch mean), or
+        cross entropy on its logits."""
+        if self.tokens:
+            return model(**batch).loss
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def units(self, batch: Any) -> int:
+        """What one batch adds to throughput: its samples, or its target tokens (counted on the
+        host copy, before the batch reaches a device)."""
+        if self.tokens:
+            return int((batch["labels"][:, 1:] != -100).sum())
+        return len(batch[0])
+
+    def score(self, model: nn.Module, batch: Any) -> tuple[float, int]:
+        """(sum, count) of the per-epoch validation score: accuracy, or the GPT-2's loss."""
+        if self.tokens:
+            return float(model(**batch).loss) * len(batch["labels"]), len(batch["labels"])
+        x, y = batch
+        return float((model(x).argmax(1) == y).sum()), len(y)
+
+
 class EpochClock:
-    """Training-loop time per epoch; steady-state throughput skips the first epoch."""
+    """Training-loop time per epoch; steady-state throughput skips the first epoch. It counts
+    the job's units: samples, or target tokens."""
 
     def __init__(self) -> None:
         self.epochs: list[tuple[int, float]] = []  # (samples, seconds)
@@ -111,13 +169,15 @@ class EpochClock:
         return sum(s for s, _ in steady) / sum(t for _, t in steady)
 
 
-def steady_samples_per_s(history_path: str) -> float:
+def steady_samples_per_s(history_path: str, key: str = "samples_per_s") -> float:
     """The same quantity from refddp's history.jsonl (one record per epoch, equal sample counts:
-    the harmonic mean of the per-epoch rates is total samples over total time)."""
+    the harmonic mean of the per-epoch rates is total samples over total time). ``key``:
+    ``targets_per_s`` for tokens (epochs then hold nearly equal token counts: the same mean
+    to a fraction of a percent)."""
     with open(history_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
     steady = records[1:] or records
-    return len(steady) / sum(1.0 / r["samples_per_s"] for r in steady)
+    return len(steady) / sum(1.0 / r[key] for r in steady)
 
 
 def parse_args() -> argparse.Namespace:
@@ -127,9 +187,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def report(clock: EpochClock, val_acc: float) -> None:
-    """The one line the driver reads from a baseline's stdout."""
-    print(json.dumps({"samples_per_s": clock.samples_per_s(), "val_acc": val_acc}), flush=True)
+def report(clock: EpochClock, val_score: float) -> None:
+    """The one line the driver reads from a baseline's stdout (samples_per_s: the job's units
+    per second)."""
+    print(json.dumps({"samples_per_s": clock.samples_per_s(), "val_score": val_score}),
+          flush=True)  # fmt: skip
 
 
 def checkpoint_path(out: str) -> str:

@@ -26,9 +26,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from refddp.config import merge, parse_cli
 from refddp.dist import init_distributed
@@ -37,7 +36,7 @@ from refddp.watchdog import HangWatchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from overhead_job import GLOBAL_BATCH, LR, WEIGHT_DECAY, Job, TensorBatches, first  # noqa: E402, I001
+from overhead_job import LR, WEIGHT_DECAY, Job  # noqa: E402, I001
 from record import write  # noqa: E402
 
 
@@ -62,12 +61,11 @@ def measure(trainer: Trainer, job: Job, world: int, rank: int, blocks: int, step
     # Every block starts at a multiple of ``steps`` into an epoch and must not cross its end.
     assert trainer.sampler.steps_per_epoch % steps == 0, "--steps must divide steps per epoch"
     trainer.model.train()
-    model, x, y, _, _ = job.build()
+    model, train, _ = job.build()
     plain = DDP(model) if world > 1 else model
     opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    sampler = DistributedSampler(TensorBatches(x, y), world, rank, seed=0, drop_last=True)
-    loader = DataLoader(TensorBatches(x, y), GLOBAL_BATCH // world, sampler=sampler,
-                        drop_last=True, collate_fn=first)  # fmt: skip
+    sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
+    loader = job.loader(train, job.global_batch // world, sampler=sampler, drop_last=True)
 
     def refddp_block() -> float:
         batches = trainer.epoch_batches()
@@ -80,9 +78,9 @@ def measure(trainer: Trainer, job: Job, world: int, rank: int, blocks: int, step
         batches = iter(loader)
         begin = time.perf_counter()
         for _ in range(steps):
-            xb, yb = next(batches)
+            batch = next(batches)
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(plain(xb), yb).backward()
+            job.loss(plain, batch).backward()
             opt.step()
         return (time.perf_counter() - begin) / steps
 
@@ -101,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=16, help="steps per block (must divide the steps per epoch)")
-    parser.add_argument("--models", default="demo,large")
+    parser.add_argument("--models", default="demo,large,gpt2")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()

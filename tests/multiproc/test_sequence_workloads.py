@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from refddp.data import build_datasets
 from refddp.models import build_model
 from tests.rank_tasks import fit, tiny_config
-from tests.sequence_code import GPT2_RUN, TOKEN_RUN
+from tests.sequence_code import GLOBAL_BATCH, GPT2_RUN, TOKEN_RUN
 
 TOKENS, GPT2 = TOKEN_RUN, GPT2_RUN
 
@@ -65,6 +65,24 @@ def test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation_sp
         train_loss = history(tmp_path / f"w{split[0]}a{split[1]}")[-1]["train_loss"]
         assert math.isclose(train_loss, history(tmp_path / "w1a1")[-1]["train_loss"],
                             rel_tol=1e-12), split  # fmt: skip
+
+
+def test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the_global_batch(
+    spawn, tmp_path
+):
+    result = run(spawn, tmp_path, 2, grad_accum=3, max_steps=1, **TOKENS)
+    # The same step by hand, in one process: the first global batch of epoch 0
+    # (GlobalBatchSampler's order), one mean over all its targets, plain SGD.
+    c = tiny_config("unused", **TOKENS)
+    model = build_model(c)
+    train, _ = build_datasets(c)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(c.seed))
+    batch = torch.utils.data.default_collate([train[i] for i in order[:GLOBAL_BATCH].tolist()])
+    logits = model(batch["input_ids"])
+    F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100).backward()
+    with torch.no_grad():
+        expected = {name: p - c.lr * p.grad for name, p in model.named_parameters()}
+    assert_close_weights(result["weights"], expected, rtol=1e-12, atol=1e-14)
 
 
 def test_a_hugging_face_gpt2_computing_its_own_loss_gives_the_same_weights_at_any_split(

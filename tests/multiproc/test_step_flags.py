@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from refddp.testing import RankFailure
-from tests.multiproc.test_resume import assert_same_weights, evaluations
+from tests.multiproc.test_resume import assert_same_weights, evaluations, history
 from tests.rank_tasks import (
     fit,
     fit_full_weights,
@@ -43,6 +43,8 @@ def test_late_flags_skip_the_same_steps_as_now_on_the_device(spawn, tmp_path, wo
     assert len(reported) == len(evaluations(tmp_path / "now")) == 8
     for ours, theirs in zip(reported, evaluations(tmp_path / "now"), strict=True):
         assert ours == pytest.approx(theirs, rel=1e-9), "the train loss leaves out skipped steps"
+    for record in history(tmp_path / "late"):  # one target per sample: every step's counted
+        assert record["targets_per_s"] == pytest.approx(record["samples_per_s"], rel=1e-12)
 
 
 def test_late_flags_stop_every_rank_on_a_nonfinite_loss_naming_the_same_step(spawn, tmp_path):

@@ -102,8 +102,8 @@ MUTANTS = (
         "gradient-not-rescaled-to-targets", "exact normalisation: the global batch's target count",
         TRAINER, "        if self.objective.exact:\n            self.rescale_gradients(targets)\n",
         "",
-        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
-         "_split[cross_entropy]",),
+        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
+         "_global_batch",),
     ),
     Mutant(
         "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
