@@ -1,6 +1,8 @@
 """What every rank must agree on after each step: a non-finite loss anywhere, a stop signal.
 
-Each rank builds ``[non-finite loss, SIGTERM, SIGINT]`` on the device; the flags ride the
+Each rank builds ``[non-finite loss, one flag per stop signal]`` on the device (the signals
+are ``StopRequest.SIGNALS``: SIGTERM, SIGINT, and SIGUSR1, which SLURM sends before a job's
+time limit with ``--signal=USR1@SECONDS``); the flags ride the
 step's gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and
 takes the same branch. When the host reads them is ``flags_read``:
 
@@ -36,10 +38,12 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
-    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
+    """SIGTERM/SIGINT/SIGUSR1 set a flag; ranks agree on it where they next meet (the step's
+    agreement, the evaluation's all-reduce, the end of a save) and stop together with a
+    checkpoint. Where ranks received different signals, the first in ``SIGNALS`` names the
+    stop (on every rank alike)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -76,14 +80,15 @@ class StepFlags:
 
     def __init__(self, parallel: Any, stop: StopRequest, device: torch.device, late: bool):
         self.parallel, self.stop, self.late = parallel, stop, late
-        self._by_signal = {  # [SIGTERM?, SIGINT?] by the signal received, made once
-            sig: torch.tensor([sig == signal.SIGTERM, sig == signal.SIGINT], dtype=torch.float32,
+        self._by_signal = {  # one flag per stop signal, by the signal received, made once
+            sig: torch.tensor([sig == s for s in StopRequest.SIGNALS], dtype=torch.float32,
                               device=device)
             for sig in (None, *StopRequest.SIGNALS)
         }  # fmt: skip
         self._zero = torch.zeros(1, device=device)
         pinned = device.type == "cuda"
-        self._host = torch.empty(3, dtype=torch.float32, pin_memory=pinned)
+        size = 1 + len(StopRequest.SIGNALS)
+        self._host = torch.empty(size, dtype=torch.float32, pin_memory=pinned)
         # blocking: the host sleeps while it waits for the copy (a spin would take a core
         # from the data loader for up to a step)
         self._ready = torch.cuda.Event(blocking=True) if pinned else None
@@ -98,7 +103,8 @@ class StepFlags:
         return self.late and (bool(optimizer.state) or stateless)
 
     def local(self, step_loss: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's [non-finite loss, SIGTERM, SIGINT], built on the device (no host sync).
+        """This rank's [non-finite loss, one flag per stop signal], built on the device (no host
+        sync).
 
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
@@ -138,5 +144,6 @@ class StepFlags:
 
 
 def _decode(values: list[float]) -> tuple[bool, int]:
-    nonfinite, sigterm, sigint = values
-    return bool(nonfinite), signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
+    nonfinite, *stops = values
+    received = [s for s, v in zip(StopRequest.SIGNALS, stops, strict=True) if v]
+    return bool(nonfinite), received[0] if received else 0
