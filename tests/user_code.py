@@ -192,3 +192,25 @@ def mlp_reporting_native_threads_at_exit(config):
         atexit.register(report, dist.get_rank())
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     return model.to(getattr(torch, config.dtype))
+
+
+class SlowTrainDataset(torch.utils.data.Dataset):
+    """While ``$REFDDP_TEST_SLOW_TRAIN`` is set, each item takes that many seconds: a run long
+    enough to be signalled during, whose data (and so weights) are those of a fast one."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        delay = float(os.environ.get("REFDDP_TEST_SLOW_TRAIN", 0))
+        if delay:
+            time.sleep(delay)  # the slowness under test, not synchronisation
+        return self.base[index]
+
+
+def slow_train_datasets(config):
+    train, val = synthetic(config)
+    return SlowTrainDataset(train), val
