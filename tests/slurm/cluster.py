@@ -92,6 +92,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+FirstJobId={self.first_job_id()}
 SchedulerParameters=sched_interval=1
 SlurmdParameters=config_overrides
 MpiDefault=none
@@ -112,6 +113,13 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
             assert time.monotonic() < deadline, f"the node never came up:\n{self.logs()}"
             time.sleep(0.2)
         return self
+
+    @staticmethod
+    def first_job_id() -> int:
+        """Job ids of their own for each cluster on this host (one per pytest-xdist worker):
+        srun ranks derive their rendezvous port from the job id, and two clusters numbering
+        jobs from 1 would hand two jobs one port."""
+        return 1 + (os.getpid() % 1000) * 20
 
     def _daemon(self, name: str, *args: str) -> None:
         """Start a daemon (each forks into the background) and remember its pid."""
