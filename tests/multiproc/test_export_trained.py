@@ -21,6 +21,7 @@ MODEL = "tests.user_code:next_token_gpt2"
 FLAGS = dict(model=MODEL, data="tests.user_code:token_datasets", input_dim=4, num_classes=8)
 
 
+@pytest.mark.slow  # ~27 s here: two ranks and this process import transformers
 def test_a_trained_dcp_checkpoint_exports_to_weights_that_evaluate_to_its_metric(
     spawn, tmp_path, monkeypatch, capsys
 ):
