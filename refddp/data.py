@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from refddp.config import ConfigError, TrainConfig
 from refddp.imports import is_import_path, load_callable
+from refddp.step_flags import StopRequest
 
 
 class _Batch(tuple):
@@ -234,8 +235,9 @@ class ShardSampler(Sampler[int]):
 
 def _quiet_worker(worker_id: int) -> None:
     # Loader workers leave signals to their rank: it stops at a step boundary, then shuts them.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # (SLURM signals every process of a job step, workers included: SIGUSR1 would kill them.)
+    for sig in StopRequest.SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def make_loader(

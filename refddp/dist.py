@@ -34,6 +34,8 @@ import torch.distributed as dist
 # "terminate called without an active exception"). Imported now, the defaults are None.
 import torch.distributed.nn.functional  # noqa: F401, E402
 
+from refddp.slurm import rendezvous_store, srun_task  # noqa: E402
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -150,19 +152,23 @@ def init_distributed(
     """Join the job's process group and say where this rank runs.
 
     Under torchrun: env://. Already initialised (a test harness, a user's own set-up): use
-    that group. Otherwise: a one-rank group in this process. On CUDA, ``trace_dir`` receives
-    NCCL flight-recorder dumps if a collective times out.
+    that group. A task of an srun step of several tasks: one rank per task
+    (``refddp/slurm.py``). Otherwise: a one-rank group in this process. On CUDA,
+    ``trace_dir`` receives NCCL flight-recorder dumps if a collective times out.
     """
     global _owns_group
+    task = None
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     elif under_torchrun():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
+    elif (task := srun_task()) is not None:
+        rank, world_size, local_rank = task.rank, task.world_size, task.local_rank
     else:
         rank, world_size, local_rank = 0, 1, 0
-    dev = choose_device(device, local_rank)
+    dev = choose_device(device, task.device_index() if task else local_rank)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -179,6 +185,11 @@ def init_distributed(
                 world_size=world_size,
             )
             exit_with_parent()  # the elastic agent starts ranks in their own session
+        elif task is not None:
+            store = rendezvous_store(task, timeout)
+            dist.init_process_group(
+                backend, store=store, timeout=timeout, rank=rank, world_size=world_size
+            )
         else:
             pin_gloo_to_loopback()  # one process: nothing needs to reach it
             dist.init_process_group(

@@ -99,6 +99,11 @@ def launch(
     os.environ[LAUNCHED_ENV] = "1"
     pin_gloo_to_loopback()  # the ranks inherit it: their gloo groups listen on 127.0.0.1 only
     config, cmd, cmd_args = config_from_args(parse_args(torchrun_args(module, nproc, max_restarts)))
+    # SLURM sends SIGUSR1 before a time limit (sbatch --signal). torch's agent passes SIGTERM,
+    # SIGINT, SIGHUP and SIGQUIT on to the ranks and would die of SIGUSR1 (its
+    # --signals-to-handle, torch >= 2.9, changes that list): a handler of our own stops it the
+    # same way, on any torch, and the ranks stop together with a checkpoint.
+    previous = signal.signal(signal.SIGUSR1, _stop_the_agent)
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as exc:
@@ -107,7 +112,14 @@ def launch(
         name = signal.Signals(exc.sigval).name
         print(f"stopped by {name}; rerun the same command to resume", file=sys.stderr)
         return 128 + int(exc.sigval)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
     return 0
+
+
+def _stop_the_agent(signum: int, frame: object) -> None:
+    """As torch's agent handles SIGTERM: it then sends the signal to every rank and waits."""
+    raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
 
 
 def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:

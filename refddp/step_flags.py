@@ -1,9 +1,11 @@
 """What every rank must agree on after each step: a non-finite loss anywhere, a stop signal.
 
 Each rank builds ``[non-finite loss, target count (two parts), one flag per stop signal]`` on
-the device; the flags ride the step's gradient all-reduce (``Parallel.set_flags``), so every
-rank holds the same sums and takes the same branch, and knows the step's global target count,
-the loss's normaliser (``refddp/trainer.py``). When the host reads them is ``flags_read``:
+the device (the signals are ``StopRequest.SIGNALS``: SIGTERM, SIGINT, and SIGUSR1, which SLURM
+sends before a job's time limit with ``--signal=USR1@SECONDS``); the flags ride the step's
+gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and takes the
+same branch, and knows the step's global target count, the loss's normaliser
+(``refddp/trainer.py``). When the host reads them is ``flags_read``:
 
 - ``now``: before the optimizer step. Skip or step is a host decision, one host sync per step
   (free on CPU, where nothing runs ahead of the host).
@@ -38,10 +40,12 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; ranks agree on it where they next meet (the step's agreement,
-    the evaluation's all-reduce, the end of a save) and stop together with a checkpoint."""
+    """SIGTERM/SIGINT/SIGUSR1 set a flag; ranks agree on it where they next meet (the step's
+    agreement, the evaluation's all-reduce, the end of a save) and stop together with a
+    checkpoint. Where ranks received different signals, the first in ``SIGNALS`` names the
+    stop (on every rank alike)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.signal: int | None = None

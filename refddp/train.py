@@ -40,6 +40,7 @@ from refddp.dist import (
 )
 from refddp.launch import CONFIG_ENV, launch, record_usage_error
 from refddp.models import build_model
+from refddp.slurm import srun_task
 from refddp.watchdog import HangWatchdog
 
 log = logging.getLogger("refddp")
@@ -202,8 +203,9 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                     + _validation_summary(result["metrics"])
                 )
                 if result["stopped_by"] and not under_torchrun():
-                    # One process, no launcher: its exit code tells preemption from completion,
-                    # as the launcher's 128+N does for several ranks.
+                    # One process or an srun task, no launcher: its exit code tells preemption
+                    # from completion, as the launcher's 128+N does for several ranks (srun
+                    # exits with its tasks' highest code).
                     code = 128 + result["stopped_by"]
             elif c.task == "eval":
                 r = run_eval(c, ctx)
@@ -253,6 +255,15 @@ def main(argv: list[str] | None = None) -> int:
             return run_rank(merge({}, json.loads(os.environ[CONFIG_ENV])))
         c, resumed, given = resolve_config(argv)
         if under_torchrun():
+            return run_rank(c, given)
+        task = srun_task()
+        if task is not None:  # srun started every rank: each resolves its config, as above
+            if c.nproc > 1:
+                raise ConfigError(
+                    f"nproc: under srun every task is one rank (this step has "
+                    f"{task.world_size} tasks); drop --nproc, or run torchrun once per node "
+                    "(examples/slurm/)"
+                )
             return run_rank(c, given)
         world_size = resolve_nproc(c)
         preflight(c, world_size, resumed)

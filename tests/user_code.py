@@ -192,3 +192,65 @@ def mlp_reporting_native_threads_at_exit(config):
         atexit.register(report, dist.get_rank())
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     return model.to(getattr(torch, config.dtype))
+
+
+def _tiny_gpt2_config(config):
+    from transformers import GPT2Config
+
+    # Token ids are the classes; the sequence is input_dim tokens long.
+    return GPT2Config(vocab_size=config.num_classes, n_positions=config.input_dim, n_embd=16,
+                      n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)  # fmt: skip
+
+
+def gpt2(config):
+    """A stock ``transformers.GPT2LMHeadModel`` (random init, nothing downloaded), whose
+    output embedding is tied to its input embedding."""
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel(_tiny_gpt2_config(config)).to(getattr(torch, config.dtype))
+
+
+def next_token_gpt2(config):
+    """A GPT-2 (a ``transformers.PreTrainedModel``, tied embeddings) whose forward maps token
+    ids to the next token's logits: the trainer's cross-entropy trains it as a classifier over
+    the vocabulary (``token_datasets``)."""
+    from transformers import GPT2LMHeadModel
+
+    class NextTokenGPT2(GPT2LMHeadModel):
+        def forward(self, x):
+            return super().forward(input_ids=x).logits[:, -1]
+
+    return NextTokenGPT2(_tiny_gpt2_config(config)).to(getattr(torch, config.dtype))
+
+
+def token_datasets(config):
+    """Sequences of ``input_dim`` token ids below ``num_classes``; the target is the first."""
+    g = torch.Generator().manual_seed(config.seed)
+
+    def make(n):
+        x = torch.randint(0, config.num_classes, (n, config.input_dim), generator=g)
+        return TensorPairDataset(x, x[:, 0].clone())
+
+    return make(config.train_size), make(config.val_size)
+
+
+class SlowTrainDataset(torch.utils.data.Dataset):
+    """While ``$REFDDP_TEST_SLOW_TRAIN`` is set, each item takes that many seconds: a run long
+    enough to be signalled during, whose data (and so weights) are those of a fast one."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        delay = float(os.environ.get("REFDDP_TEST_SLOW_TRAIN", 0))
+        if delay:
+            time.sleep(delay)  # the slowness under test, not synchronisation
+        return self.base[index]
+
+
+def slow_train_datasets(config):
+    train, val = synthetic(config)
+    return SlowTrainDataset(train), val

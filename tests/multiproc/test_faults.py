@@ -157,6 +157,28 @@ def test_signal_to_the_launcher_checkpoints_and_a_rerun_finishes_identically(
     assert straight.returncode == 0
 
 
+def test_sigusr1_to_the_launcher_stops_every_rank_with_a_checkpoint_exit_138(
+    tmp_path, spawn, no_leftovers
+):
+    # SLURM's signal before a time limit (sbatch --signal=USR1@SECONDS), sent to a job step
+    # that runs the launcher: torch's agent alone would die of it. (The rerun is the same as
+    # after SIGTERM, above.)
+    proc = start(cli(tmp_path / "run", "--nproc", 2, "--epochs", 400, "--ckpt-every", 50,
+                     "--log-all-ranks"))  # fmt: skip
+    latest = tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth"
+    wait_for(latest.exists, 120, "the first checkpoint")
+    proc.send_signal(signal.SIGUSR1)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 138, stderr
+    step = torch.load(latest, weights_only=True)["step"]
+    for rank in (0, 1):
+        assert f"[rank {rank}] " in stderr and f"stopped at step {step} (SIGUSR1)" in stderr
+    assert stderr.count(f"stopped at step {step} (SIGUSR1)") == 2, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "stopped by SIGUSR1; rerun the same command to resume"
+    )
+
+
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, spawn, no_leftovers):
     proc = start(cli(tmp_path / "run", "--nproc", 2, "--epochs", 400, "--ckpt-every", 50))
     latest = tmp_path / "run" / "checkpoints" / "checkpoint_latest.pth"

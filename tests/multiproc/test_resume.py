@@ -236,7 +236,9 @@ def test_sigterm_during_a_long_evaluation_stops_promptly_and_the_rerun_evaluates
     assert best[0] == best[1]
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 138)]
+)
 def test_one_process_stopped_by_a_signal_exits_128_plus_n_and_says_stopped(
     tmp_path, tiny, spawn, sig, code
 ):

@@ -40,6 +40,10 @@ WATCHDOG = "refddp/watchdog.py"
 FLAGS, T_FLAGS = "refddp/step_flags.py", "tests/multiproc/test_step_flags.py"
 WINDOW, T_SEQ = "refddp/window.py", "tests/multiproc/test_sequence_workloads.py"
 T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objective_checks.py"
+T_LOCAL_FLAGS = "tests/unit/test_local_step_flags.py"
+SLURM, T_SLURM_ENV = "refddp/slurm.py", "tests/unit/test_slurm_environment.py"
+T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
+EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
 
 MUTANTS = (
     Mutant(
@@ -585,7 +589,9 @@ MUTANTS = (
     Mutant(
         "full-checkpoint-left-unread", "the full checkpoint of either format", CKPT,
         "return fmt.load_full(fmt.load_run_state(path))", "return fmt.load_run_state(path)",
-        (f"{T_CONVERT}::test_the_full_checkpoint_of_either_format_is_the_plain_files_dict",),
+        (f"{T_CONVERT}::test_the_full_checkpoint_of_either_format_is_the_plain_files_dict",
+         "tests/multiproc/test_export_trained.py::test_a_trained_dcp_checkpoint_exports_to"
+         "_weights_that_evaluate_to_its_metric"),
     ),
     Mutant(
         "mutant-applied-where-its-snippet-repeats", "mutants stay applicable",
@@ -593,5 +599,89 @@ MUTANTS = (
         "if text.count(mutant.original) != 1:", "if mutant.original not in text:",
         ("tests/unit/test_mutants.py::test_a_snippet_found_twice_or_nowhere_makes_a_mutant_not"
          "_applicable",),
+    ),
+    Mutant(
+        "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
+        FLAGS, "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
+        "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
+        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
+         "_signals_wins",
+         "tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
+         "_checkpoint_exit_138"),
+    ),
+    Mutant(
+        "ranks-name-different-stop-signals", "every rank stops for the same signal", FLAGS,
+        "                   if raised), 0)",
+        "                   if raised), 0) if not signals[0] else int(StopRequest.SIGNALS[-1])",
+        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
+         "_signals_wins",),
+    ),
+    Mutant(
+        "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
+        "refddp/launch.py", "previous = signal.signal(signal.SIGUSR1, _stop_the_agent)",
+        "previous = signal.getsignal(signal.SIGUSR1)",
+        ("tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
+         "_checkpoint_exit_138",),
+    ),
+    Mutant(
+        "loader-workers-die-of-sigusr1", "SLURM's signal to a whole step kills no loader worker",
+        DATA, "    for sig in StopRequest.SIGNALS:\n        signal.signal(sig, signal.SIG_IGN)",
+        "    for sig in (signal.SIGINT, signal.SIGTERM):\n        signal.signal(sig, signal.SIG_IGN)",
+        (f"{T_SLURM_ENV}::test_loader_workers_outlive_the_stop_signals_slurm_sends_every"
+         "_process",),
+    ),
+    Mutant(
+        "srun-tasks-train-alone", "srun starts one rank per task of one job", DIST,
+        "    elif (task := srun_task()) is not None:", "    elif (task := None) is not None:",
+        (f"{T_SLURM_TASKS}::test_tasks_with_srun_variables_train_one_job",
+         "tests/slurm/test_slurm.py::test_srun_runs_one_rank_per_task_as_one_job_equal_to"
+         "_nproc_2"),
+    ),
+    Mutant(
+        "batch-script-taken-for-a-rank", "only a task of an srun step is an srun rank", SLURM,
+        '    if "SLURM_STEP_ID" not in environ or "SLURM_PROCID" not in environ:',
+        '    if "SLURM_PROCID" not in environ:',
+        (f"{T_SLURM_ENV}::test_a_batch_script_or_a_one_task_step_is_no_srun_rank",),
+    ),
+    Mutant(
+        "rendezvous-at-the-last-host", "srun ranks meet on the step's first node", SLURM,
+        'host.append(nodelist[i + 1 : end].split(",")[0].split("-")[0])',
+        'host.append(nodelist[i + 1 : end].split(",")[-1].split("-")[-1])',
+        (f"{T_SLURM_ENV}::test_the_rendezvous_host_is_the_first_of_the_node_list",),
+    ),
+    Mutant(
+        "srun-task-launches-local-ranks", "an srun task is a rank: --nproc refused", "refddp/train.py",
+        "        task = srun_task()\n", "        task = None\n",
+        (f"{T_SLURM_ENV}::test_nproc_under_a_several_task_step_is_refused_in_one_line",),
+    ),
+    Mutant(
+        "export-tied-weights-shared", "export: tied weights as two tensors, strict load", EXPORT,
+        "tensors[key] = value.detach().clone() if shared else value.detach().contiguous()",
+        "tensors[key] = value.detach().contiguous()",
+        (f"{T_EXPORT}::test_tied_gpt2_weights_are_two_tensors_and_the_directory_loads_offline",),
+    ),
+    Mutant(
+        "export-imports-checkpoint-code", "export imports no code only a checkpoint names", EXPORT,
+        '        refuse_checkpoint_imports({"model": spec}, {**given, "trust_checkpoint_code": trust})',
+        "        pass",
+        (f"{T_EXPORT}::test_code_only_the_checkpoint_names_is_not_imported",),
+    ),
+    Mutant(
+        "export-without-run-metadata", "export: the run's config and step as metadata", EXPORT,
+        '"config": json.dumps(config, sort_keys=True), "step": str(step)}', "}",
+        (f"{T_EXPORT}::test_the_safetensors_file_loads_strict_into_the_bare_model_with_config"
+         "_and_step",),
+    ),
+    Mutant(
+        "export-never-writes-the-hf-directory", "export: a Hugging Face directory", EXPORT,
+        "    return transformers is not None and isinstance(model, transformers.PreTrainedModel)",
+        "    return False",
+        (f"{T_EXPORT}::test_tied_gpt2_weights_are_two_tensors_and_the_directory_loads_offline",),
+    ),
+    Mutant(
+        "export-writes-in-place", "export: a failed write leaves the previous output", EXPORT,
+        '    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")',
+        "    tmp = os.path.abspath(path)",
+        (f"{T_EXPORT}::test_a_failed_write_is_one_line_exit_1_and_leaves_nothing_behind",),
     ),
 )

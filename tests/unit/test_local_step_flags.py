@@ -1,15 +1,28 @@
 """``StepFlags.local``: the non-finite flag is about the loss, not about a float32 copy of it;
-the target count survives the float32 all-reduce exactly."""
+the target count survives the float32 all-reduce exactly; every stop signal has its own flag,
+read back as that signal."""
+
+import signal
 
 import torch
 
 from refddp.step_flags import StepFlags, StopRequest, _decode
 
 
+class _Sum:
+    """Stands in for the ranks' agreement: the sum of the given ranks' flags."""
+
+    def __init__(self, *others: torch.Tensor):
+        self.others = others
+
+    def agree(self, flags: torch.Tensor) -> torch.Tensor:
+        return sum(self.others, flags)
+
+
 def test_a_large_finite_float64_loss_is_not_flagged_non_finite():
     flags = StepFlags(None, StopRequest(), torch.device("cpu"), late=False)
     large = torch.tensor(1e300, dtype=torch.float64)  # inf once cast to float32
-    assert flags.local(large)[0].item() == 0.0
+    assert flags.local(large).tolist() == [0.0] * (3 + len(StopRequest.SIGNALS))
     assert not _decode(flags.local(large).tolist()).nonfinite
     assert torch.isnan(flags.local(torch.tensor(float("inf")))[0])
 
@@ -21,3 +34,20 @@ def test_the_target_count_is_summed_over_ranks_exactly_beyond_float32_integers()
     summed = flags.local(None, torch.tensor(big)) + flags.local(None, 5)  # an all-reduce's sum
     assert StepFlags.targets(summed).item() == big + 5
     assert _decode(summed.tolist()).targets == big + 5
+
+
+def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins():
+    assert signal.SIGUSR1 in StopRequest.SIGNALS  # SLURM's signal before a time limit
+    received = {}
+    for sig in (None, *StopRequest.SIGNALS):
+        stop = StopRequest()
+        stop.signal = sig
+        received[sig] = StepFlags(None, stop, torch.device("cpu"), late=False).local()
+    for sig in StopRequest.SIGNALS:
+        alone = StepFlags(_Sum(received[None]), StopRequest(), torch.device("cpu"), late=False)
+        assert alone.read(received[sig])[:2] == (False, sig)
+    # Rank 0 got SIGUSR1, rank 1 SIGTERM: both ranks read the same stop.
+    for mine, theirs in ((signal.SIGUSR1, signal.SIGTERM), (signal.SIGTERM, signal.SIGUSR1)):
+        both = StepFlags(_Sum(received[theirs]), StopRequest(), torch.device("cpu"), late=False)
+        assert both.read(received[mine])[:2] == (False, signal.SIGTERM)
+    assert _decode(received[None].tolist())[:2] == (False, 0)
