@@ -24,30 +24,82 @@ class ConfigError(ValueError):
     """A user error in the configuration: printed as one line, exit code 2."""
 
 
-def _opt(default: Any, help: str, choices: tuple = (), inherit: bool = True) -> Any:
-    # inherit=False: describes this invocation, not the run, so never taken from a checkpoint.
-    return field(default=default, metadata={"help": help, "choices": choices, "inherit": inherit})
+# What a resumed run does with a run field's new value (``refddp/run_state.py`` applies it):
+#   applied: in effect from the first resumed step; config.yaml records it.
+#   refused: a usage error before any rank starts: it would be another run.
+#   derived: the run's global batch is kept; the per-rank batch follows the new world size and
+#            grad_accum (a batch_size/global_batch_size that would change it is refused).
+APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
+INVOCATION = None  # describes this invocation, not the run: never taken from a checkpoint
+
+
+def _opt(
+    default: Any,
+    help: str,
+    choices: tuple = (),
+    *,
+    resume: str | None,
+    at_least: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    unit: str = "",
+    imports: bool = False,
+    joined: bool = False,
+) -> Any:
+    """One option and its whole policy, declared where the option is.
+
+    ``resume``: APPLIED, REFUSED or DERIVED for a field of the run, INVOCATION for one of this
+    invocation. ``at_least`` / ``above`` / ``below``: the bounds ``validate`` checks (``unit``
+    names the bound's unit in the error). ``imports``: the value may name code to import
+    (``package.module:callable``): never imported when only a checkpoint names it.
+    ``joined``: used to join the process group, so every rank must be given the same value
+    (``refddp.train.take_rank0_run_config``).
+    """
+    assert resume in (APPLIED, REFUSED, DERIVED, INVOCATION), resume
+    policy = {"help": help, "choices": choices, "resume": resume, "at_least": at_least,
+              "above": above, "below": below, "unit": unit, "imports": imports,
+              "joined": joined}  # fmt: skip
+    return field(default=default, metadata=policy)
 
 
 @dataclass
 class TrainConfig:
-    task: str = _opt("train", "what to do", ("train", "eval", "predict"), inherit=False)
+    task: str = _opt(
+        "train", "what to do", ("train", "eval", "predict"), resume=INVOCATION
+    )
     nproc: int = _opt(
         0,
         "local ranks to start when not under torchrun (0: one per visible GPU, else 1)",
-        inherit=False,
+        resume=INVOCATION,
+        at_least=0,
     )
     max_restarts: int = _opt(
-        0, "elastic restarts of failed ranks (torch.distributed.run)", inherit=False
+        0,
+        "elastic restarts of failed ranks (torch.distributed.run)",
+        resume=INVOCATION,
+        at_least=0,
     )
-    device: str = _opt("auto", "where ranks run", ("auto", "cpu", "cuda"))
-    model: str = _opt("mlp", "built-in model (mlp, cnn, convnet) or package.module:callable")
-    dropout: float = _opt(0.1, "dropout probability of the convnet model")
-    sync_bn: bool = _opt(False, "batch norm statistics over the global batch (SyncBatchNorm)")
+    device: str = _opt(
+        "auto", "where ranks run", ("auto", "cpu", "cuda"), resume=APPLIED, joined=True
+    )
+    model: str = _opt(
+        "mlp",
+        "built-in model (mlp, cnn, convnet) or package.module:callable",
+        resume=REFUSED,
+        imports=True,
+    )
+    dropout: float = _opt(
+        0.1, "dropout probability of the convnet model", resume=REFUSED, at_least=0, below=1
+    )
+    sync_bn: bool = _opt(
+        False, "batch norm statistics over the global batch (SyncBatchNorm)", resume=REFUSED
+    )
     data: str = _opt(
         "synthetic",
         "'synthetic' (generated from the seed), a .pt file holding "
         "x and y (or train_x, train_y, val_x, val_y), or package.module:callable",
+        resume=REFUSED,
+        imports=True,
     )
     loss: str = _opt(
         "cross_entropy",
@@ -55,51 +107,89 @@ class TrainConfig:
         "ignored), model (the model returns its loss, as HF models do given labels) or "
         "package.module:callable, called as fn(outputs, batch) and returning (loss_sum, count) "
         "or a batch mean; normalised by the global batch's target count where it can be",
+        resume=REFUSED,
+        imports=True,
     )
     metrics: str = _opt(
         "",
         "package.module:callable called as fn(outputs, batch) on each validation batch, "
         "returning a dict of sums (or (sum, count) pairs) reported as val_NAME (empty: none)",
+        resume=APPLIED,
+        imports=True,
     )
-    train_size: int = _opt(16384, "samples in the synthetic training set")
-    val_size: int = _opt(2048, "samples in the synthetic validation set")
-    input_dim: int = _opt(32, "features per synthetic sample")
+    train_size: int = _opt(
+        16384, "samples in the synthetic training set", resume=REFUSED, at_least=1
+    )
+    val_size: int = _opt(
+        2048, "samples in the synthetic validation set", resume=REFUSED, at_least=1
+    )
+    input_dim: int = _opt(32, "features per synthetic sample", resume=REFUSED, at_least=1)
     augment: float = _opt(
-        0.0, "std of Gaussian noise added to each training sample when fetched (0: off)"
+        0.0,
+        "std of Gaussian noise added to each training sample when fetched (0: off)",
+        resume=REFUSED,
+        at_least=0,
     )
-    num_classes: int = _opt(4, "classes of the synthetic data")
-    hidden_size: int = _opt(128, "width of the built-in models")
-    depth: int = _opt(2, "hidden layers of the built-in models")
-    epochs: int = _opt(5, "passes over the training data")
-    max_steps: int = _opt(0, "stop after this many optimizer steps in total (0: no limit)")
-    batch_size: int = _opt(128, "per-rank micro-batch size")
+    num_classes: int = _opt(4, "classes of the synthetic data", resume=REFUSED, at_least=2)
+    hidden_size: int = _opt(128, "width of the built-in models", resume=REFUSED, at_least=1)
+    depth: int = _opt(2, "hidden layers of the built-in models", resume=REFUSED, at_least=0)
+    epochs: int = _opt(5, "passes over the training data", resume=APPLIED, at_least=0)
+    max_steps: int = _opt(
+        0,
+        "stop after this many optimizer steps in total (0: no limit)",
+        resume=APPLIED,
+        at_least=0,
+    )
+    batch_size: int = _opt(128, "per-rank micro-batch size", resume=DERIVED, at_least=1)
     global_batch_size: int = _opt(
         0,
         "samples per optimizer step over all ranks; sets "
         "batch_size = global / (world size x grad_accum) (0: unused)",
+        resume=DERIVED,
+        at_least=0,
     )
-    grad_accum: int = _opt(1, "micro-batches per optimizer step (DDP no_sync on all but the last)")
-    lr: float = _opt(3e-3, "peak learning rate")
-    optimizer: str = _opt("adamw", "optimizer", ("adamw", "sgd"))
-    momentum: float = _opt(0.9, "SGD momentum")
-    weight_decay: float = _opt(0.0, "decoupled (AdamW) or L2 (SGD) weight decay")
+    grad_accum: int = _opt(
+        1,
+        "micro-batches per optimizer step (DDP no_sync on all but the last)",
+        resume=APPLIED,
+        at_least=1,
+    )
+    lr: float = _opt(3e-3, "peak learning rate", resume=APPLIED, above=0)
+    optimizer: str = _opt("adamw", "optimizer", ("adamw", "sgd"), resume=REFUSED)
+    momentum: float = _opt(0.9, "SGD momentum", resume=APPLIED, at_least=0)
+    weight_decay: float = _opt(
+        0.0, "decoupled (AdamW) or L2 (SGD) weight decay", resume=APPLIED, at_least=0
+    )
     lr_schedule: str = _opt(
-        "cosine", "learning-rate schedule after warm-up", ("cosine", "constant")
+        "cosine",
+        "learning-rate schedule after warm-up",
+        ("cosine", "constant"),
+        resume=APPLIED,
     )
-    warmup_steps: int = _opt(0, "linear warm-up steps")
-    grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
-    amp: str = _opt("off", "mixed precision", ("off", "fp16", "bf16"))
+    warmup_steps: int = _opt(0, "linear warm-up steps", resume=APPLIED, at_least=0)
+    grad_clip: float = _opt(
+        0.0, "clip the gradient norm to this (0: off)", resume=APPLIED, at_least=0
+    )
+    amp: str = _opt("off", "mixed precision", ("off", "fp16", "bf16"), resume=REFUSED)
     dtype: str = _opt(
-        "float32", "parameter and data dtype (float64 for exact tests)", ("float32", "float64")
+        "float32",
+        "parameter and data dtype (float64 for exact tests)",
+        ("float32", "float64"),
+        resume=REFUSED,
     )
-    num_workers: int = _opt(0, "DataLoader worker processes per rank")
-    seed: int = _opt(0, "seed for data generation, initialisation, shuffling and dropout")
-    deterministic: bool = _opt(False, "use deterministic algorithms only")
+    num_workers: int = _opt(
+        0, "DataLoader worker processes per rank", resume=APPLIED, at_least=0
+    )
+    seed: int = _opt(
+        0, "seed for data generation, initialisation, shuffling and dropout", resume=REFUSED
+    )
+    deterministic: bool = _opt(False, "use deterministic algorithms only", resume=APPLIED)
     strategy: str = _opt(
         "ddp",
         "how the model is spread over ranks: ddp (replicated) or fsdp (FSDP2 fully_shard: "
         "parameters, gradients and optimizer state sharded)",
         ("ddp", "fsdp"),
+        resume=APPLIED,
     )
     ckpt_format: str = _opt(
         "full",
@@ -109,29 +199,48 @@ class TrainConfig:
         "gather; needs an --out every rank sees; python -m refddp.convert_checkpoint makes a "
         "full file of it)",
         checkpoint_formats.NAMES,
+        resume=APPLIED,
     )
-    find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters (costs a graph walk)")
-    compile: bool = _opt(False, "torch.compile the model")
-    out: str = _opt("runs/default", "run directory", inherit=False)
+    find_unused_parameters: bool = _opt(
+        False, "DDP find_unused_parameters (costs a graph walk)", resume=APPLIED
+    )
+    compile: bool = _opt(False, "torch.compile the model", resume=APPLIED)
+    out: str = _opt("runs/default", "run directory", resume=INVOCATION)
     resume: str = _opt(
-        "auto", "'auto' (latest in out, if any), 'never', or a checkpoint path", inherit=False
+        "auto",
+        "'auto' (latest in out, if any), 'never', or a checkpoint path",
+        resume=INVOCATION,
     )
     init_from: str = _opt(
         "",
         "start a new run from this checkpoint's weights only (fresh optimizer, schedule and "
         "position; its config is not read); ignored once out holds a checkpoint to resume",
-        inherit=False,
+        resume=INVOCATION,
     )
-    ckpt_every: int = _opt(0, "optimizer steps between checkpoints (0: end of each epoch only)")
-    eval_every: int = _opt(0, "optimizer steps between evaluations (0: end of each epoch only)")
+    ckpt_every: int = _opt(
+        0,
+        "optimizer steps between checkpoints (0: end of each epoch only)",
+        resume=APPLIED,
+        at_least=0,
+    )
+    eval_every: int = _opt(
+        0,
+        "optimizer steps between evaluations (0: end of each epoch only)",
+        resume=APPLIED,
+        at_least=0,
+    )
     stop_after: int = _opt(
         0,
         "stop this invocation (checkpoint and exit) after this many "
         "optimizer steps; the schedule is unaffected (0: off)",
-        inherit=False,
+        resume=INVOCATION,
+        at_least=0,
     )
     on_nonfinite: str = _opt(
-        "skip", "what every rank does when any rank's loss is inf/nan", ("skip", "stop")
+        "skip",
+        "what every rank does when any rank's loss is inf/nan",
+        ("skip", "stop"),
+        resume=APPLIED,
     )
     flags_read: str = _opt(
         "auto",
@@ -140,19 +249,26 @@ class TrainConfig:
         "on the device by a fused optimizer; auto = late on CUDA (except with amp fp16, or "
         "FSDP with SGD), now on the CPU, where a host read is free",
         ("auto", "now", "late"),
+        resume=APPLIED,
     )
-    progress: bool = _opt(True, "rank-0 progress bar", inherit=False)
-    log_all_ranks: bool = _opt(False, "every rank logs, prefixed with [rank N]", inherit=False)
+    progress: bool = _opt(True, "rank-0 progress bar", resume=INVOCATION)
+    log_all_ranks: bool = _opt(
+        False, "every rank logs, prefixed with [rank N]", resume=INVOCATION
+    )
     timeout: float = _opt(
         300.0,
         "seconds without progress before a rank is declared hung "
         "(stacks are written to out/stacks/)",
+        resume=APPLIED,
+        above=0,
+        unit=" seconds",
+        joined=True,
     )
     trust_checkpoint_code: bool = _opt(
         False,
         "import the model/data code (package.module:callable) a loaded checkpoint names; "
         "only for checkpoints you trust",
-        inherit=False,
+        resume=INVOCATION,
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,10 +277,15 @@ class TrainConfig:
     @property
     def run_fields(self) -> dict[str, Any]:
         """The fields that describe the run (what a checkpoint's config passes on)."""
-        return {f.name: getattr(self, f.name) for f in FIELDS.values() if f.metadata["inherit"]}
+        return {name: getattr(self, name) for name in RUN_FIELDS}
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+# The tables other modules use, derived from the fields' own policies.
+RUN_FIELDS = tuple(name for name, f in FIELDS.items() if f.metadata["resume"] is not INVOCATION)
+ON_RESUME = {name: FIELDS[name].metadata["resume"] for name in RUN_FIELDS}
+IMPORT_FIELDS = tuple(name for name, f in FIELDS.items() if f.metadata["imports"])
+JOINED_WITH = tuple(name for name, f in FIELDS.items() if f.metadata["joined"])
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -264,7 +385,7 @@ def merge(
     """CLI flag > YAML > checkpoint config (run fields only) > default; then validate."""
     values: dict[str, Any] = {}
     for key, value in (from_checkpoint or {}).items():
-        if key in FIELDS and FIELDS[key].metadata["inherit"]:
+        if key in RUN_FIELDS:
             values[key] = _coerce(key, value)
     values.update(from_yaml)
     values.update(cli)
@@ -272,9 +393,6 @@ def merge(
     config = TrainConfig(**values)
     validate(config)
     return config
-
-
-IMPORT_FIELDS = ("model", "data", "loss", "metrics")  # fields that may name code to import
 
 
 def is_import_path(spec: str) -> bool:
@@ -305,38 +423,8 @@ def validate(c: TrainConfig) -> None:
     """Checks that need no world size, file or device; each error names its field."""
     for name in FIELDS:
         _coerce(name, getattr(c, name))
-    positive = ("train_size", "val_size", "input_dim", "hidden_size", "batch_size", "grad_accum")
-    for name in positive:
-        if getattr(c, name) < 1:
-            raise ConfigError(f"{name}: must be >= 1, got {getattr(c, name)}")
-    non_negative = (
-        "nproc",
-        "max_restarts",
-        "depth",
-        "epochs",
-        "max_steps",
-        "global_batch_size",
-        "warmup_steps",
-        "num_workers",
-        "ckpt_every",
-        "eval_every",
-        "stop_after",
-        "weight_decay",
-        "grad_clip",
-        "momentum",
-        "augment",
-    )
-    for name in non_negative:
-        if getattr(c, name) < 0:
-            raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
-    if c.num_classes < 2:
-        raise ConfigError(f"num_classes: must be >= 2, got {c.num_classes}")
-    if not 0 <= c.dropout < 1:
-        raise ConfigError(f"dropout: must be in [0, 1), got {c.dropout}")
-    if not c.lr > 0:
-        raise ConfigError(f"lr: must be > 0, got {c.lr}")
-    if not c.timeout > 0:
-        raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
+    for name, f in FIELDS.items():
+        _check_bounds(name, getattr(c, name), f.metadata)
     if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
         raise ConfigError("epochs: must be >= 1 unless max_steps is set")
     if c.strategy == "fsdp" and c.amp == "fp16":
@@ -367,6 +455,17 @@ def validate(c: TrainConfig) -> None:
             f"init_from: expected a .pt/.pth checkpoint file or a .dcp directory, "
             f"got {c.init_from!r}"
         )
+
+
+def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
+    """The field's declared bounds, one line naming it (``not >``: NaN fails too)."""
+    low, above, below = policy["at_least"], policy["above"], policy["below"]
+    if below is not None and not (low <= value < below):
+        raise ConfigError(f"{name}: must be in [{low}, {below}), got {value}")
+    if low is not None and value < low:
+        raise ConfigError(f"{name}: must be >= {low}, got {value}")
+    if above is not None and not value > above:
+        raise ConfigError(f"{name}: must be > {above}{policy['unit']}, got {value}")
 
 
 def _is_checkpoint_path(path: str) -> bool:

@@ -21,7 +21,15 @@ import torch
 from torch import nn
 
 from refddp import checkpoint_formats
-from refddp.config import ConfigError, TrainConfig, per_rank_batch_size
+from refddp.config import (  # noqa: F401 - APPLIED, DERIVED: the other rules, named here too
+    APPLIED,
+    DERIVED,
+    ON_RESUME,
+    REFUSED,
+    ConfigError,
+    TrainConfig,
+    per_rank_batch_size,
+)
 
 FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
 REQUIRED_KEYS = (
@@ -41,28 +49,9 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: printed as one line naming the file."""
 
 
-# What a resumed run may change, per run field of TrainConfig (tests/unit/test_checkpoint.py
-# checks that every field is listed). Fields that describe one invocation (task, out, resume,
-# nproc, stop_after, init_from, ...) are never taken from a checkpoint and are not listed.
-#   applied: the new value is in effect from the first resumed step, and config.yaml records it.
-#   refused: a different value is a usage error before any rank starts: it would be another run.
-#   derived: the run's global batch is kept; the per-rank batch follows the new world size and
-#            grad_accum. A batch_size/global_batch_size that would change it is refused.
-APPLIED, REFUSED, DERIVED = "applied", "refused", "derived"
-ON_RESUME = {
-    **dict.fromkeys(
-        "model data train_size val_size input_dim num_classes hidden_size depth dropout "
-        "augment sync_bn optimizer amp dtype seed loss".split(),
-        REFUSED,
-    ),
-    **dict.fromkeys(["batch_size", "global_batch_size"], DERIVED),
-    **dict.fromkeys(
-        "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
-        "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite flags_read timeout strategy ckpt_format metrics".split(),
-        APPLIED,
-    ),
-}
+# What a resumed run may change: each run field of TrainConfig declares it (``resume=``, in
+# refddp/config.py). Fields that describe one invocation (task, out, resume, nproc,
+# stop_after, init_from, ...) are never taken from a checkpoint and are not listed.
 
 
 @dataclass

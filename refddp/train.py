@@ -20,6 +20,7 @@ import torch.distributed as dist
 from refddp import checkpoint as ckpt
 from refddp import run_state
 from refddp.config import (
+    JOINED_WITH,
     ConfigError,
     TrainConfig,
     load_yaml,
@@ -121,10 +122,6 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         raise ConfigError(f"out: cannot write to run directory {c.out}: {exc.strerror}") from None
 
 
-# Used to join the group, before the ranks can compare configs: they must agree as given.
-JOINED_WITH = ("device", "timeout")
-
-
 def take_rank0_run_config(c: TrainConfig, given: set[str], rank: int, world: int) -> TrainConfig:
     """Every training rank runs rank 0's run config; this invocation's own fields (out, resume,
     progress, ...) stay its own. ``given``: the fields this rank's command gave.
@@ -146,6 +143,8 @@ def take_rank0_run_config(c: TrainConfig, given: set[str], rank: int, world: int
         mine = getattr(c, name)
         if mine == value:
             continue
+        # A field used to join the group (``joined=True``) must be given alike, as it was used
+        # before the ranks could compare their configs.
         if name in given or name in JOINED_WITH:
             conflicts.append(f"{name}: rank 0 runs {value!r}, rank {rank} {mine!r}")
         else:

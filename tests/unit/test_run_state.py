@@ -12,10 +12,16 @@ def saved(**config):
     return {"config": {**TrainConfig(batch_size=8).to_dict(), **config}, "world_size": 1}
 
 
-def test_every_run_field_has_a_rule_for_resume():
-    run_fields = {name for name, f in FIELDS.items() if f.metadata["inherit"]}
-    assert set(run_state.ON_RESUME) == run_fields
-    assert set(run_state.ON_RESUME.values()) == {run_state.APPLIED, run_state.REFUSED, run_state.DERIVED}
+def test_every_field_declares_its_policy_and_the_tables_derive_from_it():
+    import refddp.config as config
+
+    policies = {name: f.metadata["resume"] for name, f in FIELDS.items()}
+    assert set(policies.values()) == {config.APPLIED, config.REFUSED, config.DERIVED, None}
+    assert run_state.ON_RESUME == {k: v for k, v in policies.items() if v is not None}
+    assert config.IMPORT_FIELDS == ("model", "data", "loss", "metrics")
+    assert config.JOINED_WITH == ("device", "timeout")
+    with pytest.raises(TypeError, match="resume"):  # no field without a resume policy
+        config._opt(0, "an option that forgot to say what a resume does with it")
 
 
 def test_a_resumed_run_keeps_its_global_batch_unless_a_batch_size_is_given():
