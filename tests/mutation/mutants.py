@@ -398,6 +398,13 @@ MUTANTS = (
         (f"{T_SEQ}::test_validation_loss_is_the_mean_over_every_target_token_at_any_world_size",),
     ),
     Mutant(
+        "loss-import-not-guarded", "a checkpoint never makes refddp import the loss it names",
+        "refddp/config.py", "        resume=REFUSED,\n        imports=True,\n    )\n    metrics: str",
+        "        resume=REFUSED,\n    )\n    metrics: str",
+        ("tests/unit/test_checkpoint_code.py::test_a_loss_or_metrics_import_named_only_by_a"
+         "_checkpoint_is_refused[loss]",),
+    ),
+    Mutant(
         "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
         PARALLEL, "        if self.ctx.world_size == 1:\n            return flags\n",
         "        if self.ctx.world_size == 1:\n"

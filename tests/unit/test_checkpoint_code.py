@@ -62,3 +62,18 @@ def test_the_user_can_name_or_trust_the_import(tmp_path, crafted, allow):
     done = run(train_command(tmp_path / "run", "--task", "eval", "--resume", path, *allow), env=env)
     assert done.returncode == 0, done.stderr
     assert marker.exists() and "eval: val_loss" in done.stderr
+
+
+@pytest.mark.parametrize("field", ["loss", "metrics"])
+def test_a_loss_or_metrics_import_named_only_by_a_checkpoint_is_refused(tmp_path, crafted, field):
+    path, marker, env = crafted
+    state = torch.load(path, weights_only=True)
+    state["config"] = {**state["config"], "model": "mlp", field: SPEC}
+    torch.save(state, path)
+    done = run(train_command(tmp_path / "run", "--task", "eval", "--resume", path), env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {field}: refused to import '{SPEC}': only the checkpoint names it; pass "
+        f"--{field} {SPEC} (or set it in --config) or --trust-checkpoint-code to allow it"
+    ]
+    assert not marker.exists()
