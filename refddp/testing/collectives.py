@@ -28,6 +28,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from refddp.testing import faults
+
 _COLLECTIVES = (
     "all_gather",
     "all_gather_into_tensor",
@@ -81,6 +83,7 @@ _installed = False
 _slot: mmap.mmap | None = None
 _recorders: list[list[str]] = []
 _count = 0  # collectives entered in the current task (the "#N" of every report)
+failed_in = ""  # the collective an exception last came out of, this task ("#3 all_reduce(...)")
 _checker: Any = None  # the helper process group fingerprints are exchanged on
 _signatures: dict[str, inspect.Signature] = {}
 
@@ -170,8 +173,8 @@ def _check_fingerprint(signature: str) -> None:
 
 def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
-    global _count
-    _count = 0
+    global _count, failed_in
+    _count, failed_in = 0, ""
 
 
 def enable_fingerprint_check(helper_group: Any) -> None:
@@ -189,8 +192,9 @@ def _write_slot(state: bytes, text: str) -> None:
 
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
-        global _count
+        global _count, failed_in
         _count += 1
+        fault = faults.due_at_collective(_count) if faults._armed else None
         call = _bind(name, fn, args, kwargs)
         signature = _describe(name, call)
         for log in _recorders:
@@ -211,7 +215,13 @@ def _wrap(name: str, fn: Any) -> Any:
             if _checker is not None and name not in _UNCHECKED and on_world:
                 fingerprint = _describe(name, call, shapes=name not in _NAME_ONLY)
                 _check_fingerprint(fingerprint)
+            if fault is not None:  # every rank has entered this collective (checked above)
+                where = f"collective #{_count} {signature}"
+                return faults.fire(fault, where, _deferred(fn, args, kwargs, "async_op" in call))
             return fn(*args, **kwargs)
+        except BaseException:
+            failed_in = f"#{_count} {signature}"
+            raise
         finally:
             if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
                 _slot[:1] = _STATE_OUTSIDE
@@ -220,6 +230,18 @@ def _wrap(name: str, fn: Any) -> Any:
     traced.__name__ = name
     traced.__doc__ = fn.__doc__
     return traced
+
+
+def _deferred(fn: Any, args: tuple, kwargs: dict, can_be_async: bool) -> Any:
+    """The collective as a call a fault makes: ``in_flight`` starts it without waiting (for a
+    kill inside it) where the op accepts ``async_op``."""
+
+    def call(in_flight: bool = False) -> Any:
+        if in_flight:
+            return fn(*args, **{**kwargs, "async_op": True}) if can_be_async else None
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def install(slot_path: str | None = None) -> None:

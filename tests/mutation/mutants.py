@@ -278,7 +278,8 @@ MUTANTS = (
     Mutant(
         "plugin-imports-torch-at-session-end", "the plugin costs no torch import",
         "refddp/testing/plugin.py",
-        'pool = sys.modules.get("refddp.testing.pool")', "import refddp.testing.pool as pool",
+        'pools = sys.modules.get("refddp.testing.warm_pools")',
+        "import refddp.testing.warm_pools as pools",
         ("tests/unit/test_plugin.py"
          "::test_a_session_without_distributed_tests_never_imports_torch",),
     ),
