@@ -175,6 +175,7 @@ def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
     global _count, failed_in
     _count, failed_in = 0, ""
+    _write_slot(_STATE_OUTSIDE, "")  # a report must not show the last task's collective
 
 
 def enable_fingerprint_check(helper_group: Any) -> None:
@@ -217,7 +218,7 @@ def _wrap(name: str, fn: Any) -> Any:
                 _check_fingerprint(fingerprint)
             if fault is not None:  # every rank has entered this collective (checked above)
                 where = f"collective #{_count} {signature}"
-                return faults.fire(fault, where, _deferred(fn, args, kwargs, "async_op" in call))
+                return faults.fire(fault, where, lambda: fn(*args, **kwargs))
             return fn(*args, **kwargs)
         except BaseException:
             failed_in = f"#{_count} {signature}"
@@ -230,18 +231,6 @@ def _wrap(name: str, fn: Any) -> Any:
     traced.__name__ = name
     traced.__doc__ = fn.__doc__
     return traced
-
-
-def _deferred(fn: Any, args: tuple, kwargs: dict, can_be_async: bool) -> Any:
-    """The collective as a call a fault makes: ``in_flight`` starts it without waiting (for a
-    kill inside it) where the op accepts ``async_op``."""
-
-    def call(in_flight: bool = False) -> Any:
-        if in_flight:
-            return fn(*args, **{**kwargs, "async_op": True}) if can_be_async else None
-        return fn(*args, **kwargs)
-
-    return call
 
 
 def install(slot_path: str | None = None) -> None:

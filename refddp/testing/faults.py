@@ -8,8 +8,8 @@
 ``at`` counts as the harness's collective record counts (``collectives.py``: every collective
 issued through ``torch.distributed``, from #1 in each task, as "#N" in every report). Under
 fingerprint checking (the default) a fault fires after collective #k's fingerprint exchange, so
-every rank has entered #k and finished all before it; the rank is then inside #k, and its peers
-wait in it. A fault that fires writes one line to its rank's record file before acting (so a
+every rank has entered #k and finished all before it; the rank is then inside #k (past its
+fingerprint exchange, before the backend's op), and its peers wait in it: no rank completes #k. A fault that fires writes one line to its rank's record file before acting (so a
 killed rank's fault is still reported); the driver reads them to name the cause of a failure,
 and fails a test whose fault never fired. This module imports nothing heavy: ``fault_point``
 is called from user code, where it is a no-op outside the harness.
@@ -109,19 +109,15 @@ def due_at_collective(count: int) -> Fault | None:
     return None
 
 
-def fire(fault: Fault, where: str, call: Callable[..., Any] | None = None) -> Any:
-    """Act out ``fault`` at ``where`` ("collective #3 all_reduce(...)"); ``call`` runs the
-    collective itself (a delay lets it complete late; a kill starts it first if it can)."""
+def fire(fault: Fault, where: str, call: Callable[[], Any] | None = None) -> Any:
+    """Act out ``fault`` at ``where`` ("collective #3 all_reduce(...)"). ``call`` runs the
+    collective itself: a delay lets it complete late; the other faults never run it, so no
+    rank completes collective #k (a peer's result never depends on how far a dying rank got)."""
     with open(_record_path or os.devnull, "a") as record:
         record.write(f"{fault.kind} rank {fault.rank} at {where}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     if fault.kind == "kill":
-        if call is not None:
-            try:
-                call(in_flight=True)  # the rank dies with its collective under way
-            except Exception:  # noqa: BLE001 - dying regardless
-                pass
         os.kill(os.getpid(), signal.SIGKILL)
     if fault.kind == "error":
         raise RuntimeError(fault.value)

@@ -204,10 +204,10 @@ class RankPool:
             raise RankSkipped(skips[0])
         if unfired:
             listed = "; ".join(f.describe() for f in unfired)
-            entered = {f.rank: read_slot(slot_path_for(self.workdir, f.rank)).last for f in unfired}
             reached = "; ".join(
-                f"rank {r} entered {last.split(' ', 1)[0] if last else 'no'} collective(s)"
-                for r, last in sorted(entered.items())
+                f"rank {r} entered {_entered(read_slot(slot_path_for(self.workdir, r)).last)} "
+                "collective(s)"
+                for r in sorted({f.rank for f in unfired})
             )
             text = f"fault never fired: {listed} ({reached})"
             raise RankFailure(self.files.report(text, {}, {}, offsets), {})
@@ -380,6 +380,11 @@ def _failure_text(reply: Reply) -> str:
     if isinstance(reply, Died):
         return reply.why
     return getattr(reply, "text", repr(reply))
+
+
+def _entered(last: str) -> int:
+    """How many collectives a rank entered in the task, from its slot ("#5 barrier() at ...")."""
+    return int(last.split(" ", 1)[0].lstrip("#")) if last.startswith("#") else 0
 
 
 def _start_interpreter(argv: list[str], env: dict[str, str], out_path: str, fd: int) -> Any:
