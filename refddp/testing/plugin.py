@@ -25,6 +25,7 @@ import pytest
 from refddp.testing.protocol import RANK_FIXTURES
 
 DEFAULT_WORLD_SIZE = 2
+session_config: pytest.Config | None = None  # for DistributedTestCase, which gets no fixtures
 SENT_BUILTIN_FIXTURES = ("tmp_path", "tmpdir")  # pytest's own fixtures whose values travel
 
 
@@ -55,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global session_config
+    session_config = config
     config.addinivalue_line(
         "markers",
         "multiproc(timeout=None): run the test body on every rank of a process group "

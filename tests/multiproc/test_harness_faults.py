@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from refddp.testing import RankFailure, RankTimeout, fault_point, faults
-
 from tests.multiproc.test_harness import assert_pool_healthy
 
 SIGNATURE = "all_reduce((1,):float32, SUM)"
