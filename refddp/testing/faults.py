@@ -9,10 +9,11 @@
 issued through ``torch.distributed``, from #1 in each task, as "#N" in every report). Under
 fingerprint checking (the default) a fault fires after collective #k's fingerprint exchange, so
 every rank has entered #k and finished all before it; the rank is then inside #k (past its
-fingerprint exchange, before the backend's op), and its peers wait in it: no rank completes #k. A fault that fires writes one line to its rank's record file before acting (so a
-killed rank's fault is still reported); the driver reads them to name the cause of a failure,
-and fails a test whose fault never fired. This module imports nothing heavy: ``fault_point``
-is called from user code, where it is a no-op outside the harness.
+fingerprint exchange, before the backend's op), and its peers wait in it: no rank completes #k.
+A fault that fires writes one line to its rank's record file before acting (so a killed rank's
+fault is still reported); the driver reads them to name the cause of a failure, and fails a
+test whose fault never fired. This module imports nothing heavy: ``fault_point`` is called
+from user code, where it is a no-op outside the harness.
 """
 
 from __future__ import annotations
