@@ -91,6 +91,10 @@ class RankServer:
             raise OSError("cannot become a child subreaper (prctl): not Linux")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_THE_SERVER}
+        # One thread: numpy's OpenBLAS (imported by torch) otherwise starts a pool of threads,
+        # and a fork of a multi-threaded process may copy a lock another thread held. Ranks
+        # run one intra-op thread anyway (worker.py).
+        env["OMP_NUM_THREADS"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "refddp.testing.rank_server", str(theirs.fileno())],
             env=env,

@@ -108,3 +108,28 @@ def test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next(spawn):
     assert spawn(what_is_left) == [(0, 0, groups_before)] * 2
     assert spawn(lambda: __import__("os").getpid()) == pids, "cleaned, not recycled"
     assert spawn(leave_a_mesh_and_a_subgroup)[0] > groups_before, "a new subgroup still works"
+
+
+# -- DistributedTestCase ---------------------------------------------------------------------
+
+
+def run_suite(case):
+    import unittest
+
+    result = unittest.TestResult()
+    unittest.TestLoader().loadTestsFromTestCase(case).run(result)
+    return result
+
+
+def test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its_base_class():
+    from tests.unittest_cases import AllReduceSuite, DefaultWorldSuite
+
+    result = run_suite(AllReduceSuite)
+    assert result.testsRun == 3
+    assert [t._testMethodName for t, _ in result.failures] == ["test_fails_on_rank_1"]
+    said = result.failures[0][1]
+    assert "rank 1 failed first: AssertionError: " in said and "rank 1 disagrees" in said
+    assert [(t._testMethodName, why) for t, why in result.skipped] == [("test_skipped", "not here")]
+    assert not result.errors
+    default = run_suite(DefaultWorldSuite)
+    assert default.wasSuccessful() and default.testsRun == 1, "4 ranks, as MultiProcessTestCase"
