@@ -16,6 +16,7 @@ from typing import Any
 
 def pickle_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bytes:
     """``(fn, args, kwargs)`` pickled, or a TypeError naming what cannot be sent."""
+    __tracebackhide__ = True  # pytest shows the test's spawn call, then the one line
     try:
         return pickle.dumps((fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - retried by value below
