@@ -21,6 +21,7 @@ all-reduce runs in C++ and shows up in the process group's sequence number inste
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import mmap
 import os
@@ -151,11 +152,26 @@ def _describe(name: str, call: dict[str, Any], shapes: bool = True) -> str:
 
 
 def _check_fingerprint(signature: str) -> None:
-    """All-gather this collective's signature; raise on every rank if any rank differs.
+    """Check that every rank is issuing this collective; raise on every rank if any differs.
 
-    The all-gathers themselves pair the k-th checked collective of every rank, so only the
+    One small all-reduce carries a 56-bit hash of each rank's signature as (min, -max): equal
+    only if every rank's is. Only on a mismatch are the signatures themselves all-gathered to
+    name them (an all-gather of every rank's text costs several times the all-reduce on many
+    ranks). These collectives pair the k-th checked collective of every rank, so only the
     signature is compared; the "#N" shown is each rank's own count for the current task.
     """
+    import torch
+    import torch.distributed as dist
+
+    digest = int.from_bytes(hashlib.blake2b(signature.encode(), digest_size=7).digest(), "big")
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64)
+    dist.distributed_c10d.all_reduce(extremes, op=dist.ReduceOp.MIN, group=_checker)
+    if extremes[0] != -extremes[1]:
+        _name_the_mismatch(signature)
+
+
+def _name_the_mismatch(signature: str) -> None:
+    """All-gather every rank's signature and count, and raise naming them all."""
     import torch
     import torch.distributed as dist
 
@@ -165,10 +181,9 @@ def _check_fingerprint(signature: str) -> None:
     dist.distributed_c10d.all_gather(everyone, mine, group=_checker)
     raw = [bytes(t.tolist()) for t in everyone]
     seen = [r[:_FINGERPRINT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
-    if len(set(seen)) > 1:
-        counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
-        listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
-        raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
+    counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
+    listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
+    raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
 
 
 def reset_count() -> None:

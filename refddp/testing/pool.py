@@ -179,7 +179,8 @@ class RankPool:
         dirs = node_dirs or self.node_dirs()
         task = RunTask(payload, list(sys.path), modules, rank_fixtures, tuple(faults), dirs)
         offsets = [self.files.out_size(r) for r in range(self.world_size)]
-        fault_records.clear_records(self.workdir, self.world_size)
+        if faults:  # only a task's armed faults write records
+            fault_records.clear_records(self.workdir, self.world_size)
         try:
             for conn in self.conns:
                 conn.send(task)
@@ -189,7 +190,7 @@ class RankPool:
 
         start = time.monotonic()
         replies, one_sided = self._collect(range(self.world_size), start + timeout_s, True)
-        fired = fault_records.fired_faults(self.workdir, self.world_size)
+        fired = fault_records.fired_faults(self.workdir, self.world_size) if faults else {}
         unfired = fault_records.never_fired(faults, fired)
         failures = {r: _failure_text(m) for r, m in replies.items() if isinstance(m, FAILURES)}
         pending = [r for r in range(self.world_size) if r not in replies]
