@@ -49,8 +49,7 @@ def _fault(kind: str, rank: int, at: int | str, value: Any = None) -> Fault:
         raise ValueError(f"faults.{kind}: rank must be an int >= 0, not {rank!r}")
     if isinstance(at, bool) or not isinstance(at, int | str) or (isinstance(at, int) and at < 1):
         raise ValueError(
-            f"faults.{kind}: at must be a collective number >= 1 or a fault_point name, "
-            f"not {at!r}"
+            f"faults.{kind}: at must be a collective number >= 1 or a fault_point name, not {at!r}"
         )
     return Fault(kind, rank, at, value)
 

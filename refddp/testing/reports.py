@@ -145,8 +145,7 @@ def blame(
 ) -> tuple[str, list[str]]:
     """The headline naming the cause and how it failed, and one line per victim: the ranks then
     blocked in (or failing out of) a collective, waiting on it."""
-    how = why if isinstance(replies.get(cause), Died) or cause not in replies else (
-        _last_line(why))
+    how = why if isinstance(replies.get(cause), Died) or cause not in replies else (_last_line(why))
     injected = "; ".join(f"injected: {line}" for line in fired.get(cause, ()))
     headline = f"rank {cause} failed first: {how}" + (f" ({injected})" if injected else "")
     victims = []

@@ -125,7 +125,9 @@ def test_bad_faults_are_one_line_errors():
 
 
 def test_a_fault_on_a_rank_outside_the_world_is_refused(spawn):
-    with pytest.raises(ValueError, match=r"^kill rank 5 at collective #1: no rank 5 in a world of 2"):
+    with pytest.raises(
+        ValueError, match=r"^kill rank 5 at collective #1: no rank 5 in a world of 2"
+    ):
         spawn(named_points, faults=[faults.kill(5, 1)])
 
 

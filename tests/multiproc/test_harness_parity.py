@@ -26,7 +26,8 @@ def test_equal_replicas_pass(spawn):
 
 
 @pytest.mark.parametrize(
-    ("name", "said"), [("1.weight", "parameter 1.weight"), ("1.running_mean", "buffer 1.running_mean")]
+    ("name", "said"),
+    [("1.weight", "parameter 1.weight"), ("1.running_mean", "buffer 1.running_mean")],
 )
 def test_a_replica_that_differs_names_the_tensor_and_the_rank(spawn, name, said):
     with pytest.raises(RankFailure) as info:
@@ -62,7 +63,10 @@ def test_a_rank_that_diverges_from_one_process_is_named(spawn):
     with pytest.raises(RankFailure) as info:
         spawn(ddp_step_against_one_process, 1e-3)
     said = info.value.failures[0]
-    assert "does not match one process on the global batch on rank(s) [1]: parameter weight: max abs" in said
+    assert (
+        "does not match one process on the global batch on rank(s) [1]: parameter weight: max abs"
+        in said
+    )
     assert "(rtol=1e-07, atol=1e-07 for torch.float64)" in said
 
 
