@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -106,7 +107,7 @@ class RankServer:
         self.sock = ours
         self._call(None)  # the server answers once its imports are done
 
-    def _call(self, request: Any, fds: list[int] = ()) -> Any:  # type: ignore[assignment]
+    def _call(self, request: Any, fds: Sequence[int] = ()) -> Any:
         socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
         data = self.sock.recv(_MAX_MESSAGE)
         if not data:
