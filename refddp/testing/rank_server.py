@@ -10,8 +10,8 @@ the server; each child starts it from the pool's settings, so lines that ranks r
 as before.
 
 Each rank is forked through a short-lived intermediate that exits at once, so the rank is
-re-parented to the driver, which has made itself a child subreaper (Linux): the driver waits
-on its ranks like on its own children, exit codes and signals included, and a rank's
+re-parented to the driver, which is a child subreaper (Linux) for that moment only: the driver
+waits on its ranks like on its own children, exit codes and signals included, and a rank's
 ``exit_with_parent`` watches the driver. Without ``prctl`` (not Linux) ranks start as fresh
 interpreters, as before.
 """
@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _MAX_MESSAGE = 1 << 20
 # Environment entries the server must not start with: coverage would measure the server and
 # every fork would inherit its tracer; each rank starts coverage itself from the pool's env.
@@ -74,21 +74,33 @@ class RankProcess:
         self.send_signal(signal.SIGTERM)
 
 
-def _become_subreaper() -> bool:
+def _set_subreaper(on: bool) -> bool:
+    """Make this process a child subreaper (or stop being one); False where it cannot."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper now (Linux; False elsewhere)."""
+    flag = ctypes.c_int(0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    except (OSError, AttributeError):
+        return False
+    return bool(flag.value)
 
 
 class RankServer:
     """The driver's handle on its server: ``start_rank`` forks one rank there."""
 
     def __init__(self) -> None:
-        if not _become_subreaper():
+        if not _set_subreaper(False):
             raise OSError("cannot become a child subreaper (prctl): not Linux")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_THE_SERVER}
@@ -125,7 +137,13 @@ class RankServer:
     ) -> RankProcess:
         """Fork a rank that runs ``refddp.testing.worker`` with ``argv`` (less ``--fd``),
         environment ``env``, output to ``out_path``, talking to the driver on ``fd``."""
-        return RankProcess(self._call((argv, env, out_path), [fd]))
+        # A subreaper only while the rank is re-parented: a process a test orphans later goes
+        # to init as usual, instead of lingering here as a zombie.
+        _set_subreaper(True)
+        try:
+            return RankProcess(self._call((argv, env, out_path), [fd]))
+        finally:
+            _set_subreaper(False)
 
     def close(self) -> None:
         self.sock.close()  # the server exits on EOF

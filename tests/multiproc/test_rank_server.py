@@ -33,6 +33,7 @@ def test_ranks_are_forked_from_a_single_threaded_server_and_are_the_driver_s_chi
         assert "refddp.testing.rank_server" in s["command"], s["command"]
         assert not s["cuda_initialised"]
     assert threads_of(server.proc.pid) == 1, "a fork of a multi-threaded server is unsafe"
+    assert not rank_server.is_subreaper(), "orphans of later tests must not gather here"
 
 
 def test_ranks_start_as_fresh_interpreters_where_no_server_can_fork_them(spawn, monkeypatch):

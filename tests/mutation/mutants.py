@@ -638,4 +638,11 @@ MUTANTS = (
         ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
          "_and_are_the_driver_s_children",),
     ),
+    Mutant(
+        "driver-stays-a-subreaper", "orphans of later tests are not re-parented to pytest",
+        "refddp/testing/rank_server.py", "        finally:\n            _set_subreaper(False)\n",
+        "        finally:\n            pass\n",
+        ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
+         "_and_are_the_driver_s_children",),
+    ),
 )
