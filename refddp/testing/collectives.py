@@ -84,7 +84,7 @@ _installed = False
 _slot: mmap.mmap | None = None
 _recorders: list[list[str]] = []
 _count = 0  # collectives entered in the current task (the "#N" of every report)
-failed_in = ""  # the collective an exception last came out of, this task ("#3 all_reduce(...)")
+_failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
 _checker: Any = None  # the helper process group fingerprints are exchanged on
 _signatures: dict[str, inspect.Signature] = {}
 
@@ -188,9 +188,26 @@ def _name_the_mismatch(signature: str) -> None:
 
 def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
-    global _count, failed_in
-    _count, failed_in = 0, ""
+    global _count, _failed
+    _count, _failed = 0, None
     _write_slot(_STATE_OUTSIDE, "")  # a report must not show the last task's collective
+
+
+def raised_inside(exc: BaseException) -> str:
+    """The collective ``exc`` (or an exception it was raised from) came out of, this task, as
+    "#3 all_reduce(...)"; "" if none did: a rank failing there was probably waiting on a peer."""
+    seen: BaseException | None = exc
+    while seen is not None and _failed is not None:
+        if seen is _failed[0]:
+            return _failed[1]
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def forget_failure() -> None:
+    """Let go of the exception a collective raised: its frames hold the test's objects."""
+    global _failed
+    _failed = None
 
 
 def enable_fingerprint_check(helper_group: Any) -> None:
@@ -208,7 +225,7 @@ def _write_slot(state: bytes, text: str) -> None:
 
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
-        global _count, failed_in
+        global _count, _failed
         _count += 1
         fault = faults.due_at_collective(_count) if faults._armed else None
         call = _bind(name, fn, args, kwargs)
@@ -235,8 +252,8 @@ def _wrap(name: str, fn: Any) -> Any:
                 where = f"collective #{_count} {signature}"
                 return faults.fire(fault, where, lambda: fn(*args, **kwargs))
             return fn(*args, **kwargs)
-        except BaseException:
-            failed_in = f"#{_count} {signature}"
+        except BaseException as exc:
+            _failed = (exc, f"#{_count} {signature}")
             raise
         finally:
             if _slot is not None and _slot[:1] != _STATE_OUTSIDE:

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import datetime
 import faulthandler
+import functools
 import importlib
 import importlib.util
 import io
@@ -28,6 +29,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -105,38 +107,42 @@ def _make_fixture(name: str, ctx: DistContext) -> Any:
     raise ValueError(f"no rank-side fixture {name!r}; these exist: {', '.join(RANK_FIXTURES)}")
 
 
-def _run_task(task: RunTask, ctx: RankContext, start: leftovers.Baseline, workdir: str) -> Any:
+def _run_task(
+    task: RunTask, ctx: RankContext, start: leftovers.Baseline, workdir: str
+) -> Done | Failed | Skipped:
     collectives.reset_count()
     faults.arm(task.faults, ctx.rank, faults.record_path_for(workdir, ctx.rank))
     if task.node_dirs:
         ctx = dataclasses.replace(ctx, node_tmp_path=Path(task.node_dirs[ctx.node_rank]))
     context._current = ctx
     made: dict[str, Any] = {}
-    outcome: Any = None
+    reply: Callable[[Health], Done | Failed | Skipped]
     try:
         _import_test_modules(task.sys_path, task.modules)
         fn, args, kwargs = _TaskUnpickler(io.BytesIO(task.payload)).load()
         for name in task.rank_fixtures:
             made[name] = kwargs[name] = _make_fixture(name, ctx)
-        outcome = pickle.dumps(fn(*args, **kwargs))
+        reply = functools.partial(Done, pickle.dumps(fn(*args, **kwargs)))
     except BaseException as exc:  # noqa: BLE001 - everything a test raises goes to the driver
         outcomes = sys.modules.get("_pytest.outcomes")
         if (outcomes is not None and isinstance(exc, outcomes.Skipped)) or _is_unittest_skip(exc):
-            outcome = Skipped(str(getattr(exc, "msg", exc)), None)  # type: ignore[arg-type]
+            reply = functools.partial(Skipped, str(getattr(exc, "msg", exc)))
         else:
-            when, inside = time.monotonic(), collectives.failed_in
-            outcome = Failed(traceback.format_exc(), None, when, inside)  # type: ignore[arg-type]
+            reply = functools.partial(
+                Failed,
+                traceback.format_exc(),
+                at=time.monotonic(),
+                in_collective=collectives.raised_inside(exc),
+            )
     finally:
         faults.disarm()
+        collectives.forget_failure()
         context._current = None
         if "monkeypatch" in made:
             made["monkeypatch"].undo()  # the next task on this rank starts unpatched
         sys.stdout.flush()
         sys.stderr.flush()
-    outcome_health = _health(leftovers.clean_up(start))
-    if isinstance(outcome, bytes):
-        return Done(outcome, outcome_health)
-    return outcome._replace(health=outcome_health)
+    return reply(_health(leftovers.clean_up(start)))
 
 
 def _is_unittest_skip(exc: BaseException) -> bool:

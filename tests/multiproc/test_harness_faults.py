@@ -185,3 +185,20 @@ def test_ranks_that_disagree_on_a_collective_have_no_single_cause(spawn):
         spawn(mismatched, timeout=60)
     assert info.value.cause is None
     assert str(info.value).startswith("rank(s) [0, 1] failed")
+
+
+def victim_wraps_the_collective_s_error():
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), 9)
+    try:
+        dist.barrier()
+    except RuntimeError as exc:  # a training loop's own wrapping: still a victim
+        raise RuntimeError("step failed") from exc
+
+
+def test_a_victim_that_wraps_its_collective_s_error_is_still_a_victim(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(victim_wraps_the_collective_s_error, timeout=60)
+    assert info.value.cause == 1
+    assert "rank 0: also failed" not in str(info.value), str(info.value)
