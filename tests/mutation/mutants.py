@@ -645,4 +645,9 @@ MUTANTS = (
         ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
          "_and_are_the_driver_s_children",),
     ),
+    Mutant(
+        "wrapped-victim-blamed", "a rank whose error was raised from a collective's is a victim",
+        COLLECTIVES, "        seen = seen.__cause__ or seen.__context__\n", "        seen = None\n",
+        (f"{T_FAULTS}::test_a_victim_that_wraps_its_collective_s_error_is_still_a_victim",),
+    ),
 )
