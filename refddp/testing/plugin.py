@@ -278,7 +278,8 @@ def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[C
 
 @pytest.fixture
 def dist_ctx(request: pytest.FixtureRequest, _refddp_world_size: int) -> Any:
-    """This rank's ``DistContext`` (rank, world_size, local_rank, device, backend)."""
+    """This rank's ``RankContext``: rank, world_size, local_rank, device, backend, and its
+    simulated node (node_rank, local_world_size, node_tmp_path)."""
     from refddp.dist import DistContext
 
     if not _is_rank_side(request.node):

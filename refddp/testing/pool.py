@@ -118,10 +118,14 @@ class RankPool:
                 "--driver-pid", str(os.getpid()),
             ]  # fmt: skip
             out_path = self.files.out_path(rank)
+            proc: Any = None
             if server is not None:
-                proc: Any = server.start_rank(argv, env, out_path, theirs.fileno())
-            else:
-                proc = _start_interpreter(argv, env, out_path, theirs.fileno())
+                try:
+                    proc = server.start_rank(argv, env, out_path, theirs.fileno())
+                except OSError:  # the server died or refused: this pool's ranks start afresh
+                    server = None
+            if proc is None:
+                proc = rank_server.start_interpreter(argv, env, out_path, theirs.fileno())
             theirs.close()
             self.procs.append(proc)
             self.conns.append(Connection(ours.detach()))
@@ -386,17 +390,3 @@ def _failure_text(reply: Reply) -> str:
 def _entered(last: str) -> int:
     """How many collectives a rank entered in the task, from its slot ("#5 barrier() at ...")."""
     return int(last.split(" ", 1)[0].lstrip("#")) if last.startswith("#") else 0
-
-
-def _start_interpreter(argv: list[str], env: dict[str, str], out_path: str, fd: int) -> Any:
-    """A rank as a fresh interpreter (where the rank server cannot fork one)."""
-    with open(out_path, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(fd), *argv],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            pass_fds=(fd,),
-            start_new_session=True,
-        )

@@ -154,6 +154,20 @@ class RankServer:
             self.proc.wait()
 
 
+def start_interpreter(argv: list[str], env: dict[str, str], out_path: str, fd: int) -> Any:
+    """A rank as a fresh interpreter (where the rank server cannot fork one)."""
+    with open(out_path, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(fd), *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+
+
 _server: RankServer | None = None
 
 

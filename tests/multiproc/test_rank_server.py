@@ -45,3 +45,18 @@ def test_ranks_start_as_fresh_interpreters_where_no_server_can_fork_them(spawn, 
         close_pool(PoolKey(2))  # the next test gets a forked pool again
     for s in seen:
         assert "refddp.testing.worker" in s["command"] and s["parent"] == os.getpid()
+
+
+def test_a_server_that_cannot_fork_a_rank_leaves_the_pool_to_fresh_interpreters(spawn, monkeypatch):
+    close_pool(PoolKey(2))
+    rank_server.server()  # up, then failing to fork
+
+    def refuse(*args, **kwargs):
+        raise OSError("the rank server exited")
+
+    monkeypatch.setattr(rank_server.RankServer, "start_rank", refuse)
+    try:
+        seen = spawn(where_from)
+    finally:
+        close_pool(PoolKey(2))
+    assert all("refddp.testing.worker" in s["command"] for s in seen)
