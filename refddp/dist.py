@@ -257,16 +257,25 @@ def teardown() -> None:
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - see the docstring
         log.warning("leaving the process group failed", exc_info=True)
-    for mesh in _meshes:
-        # torch 2.13: a mesh holds its group (``_pg_registry``), and DTensor's caches keep the
-        # mesh alive after the model is gone, so the destroyed group's gloo threads would run
-        # on into interpreter shutdown.
-        getattr(mesh, "_pg_registry", {}).clear()
-    _meshes.clear()
+    release_meshes()
     if owned:
         # FSDP's modules and their state form reference cycles that still hold the group;
         # collect them now rather than at some later allocation (or never, before exit).
         gc.collect()
+
+
+def release_meshes() -> bool:
+    """Let go of the groups held by the meshes ``device_mesh`` made; True if there were any.
+
+    torch 2.13: a mesh holds its group (``_pg_registry``), and DTensor's caches keep the mesh
+    alive after the model is gone, so a destroyed group's gloo threads would run on into
+    interpreter shutdown (and a warm test rank would carry the mesh into the next test).
+    """
+    had = bool(_meshes)
+    for mesh in _meshes:
+        getattr(mesh, "_pg_registry", {}).clear()
+    _meshes.clear()
+    return had
 
 
 def _free_the_run() -> None:

@@ -1,45 +1,73 @@
 """Run test code on N-process ``torch.distributed`` groups.
 
 Installed as a pytest plugin (``pytest11`` entry point): the ``spawn`` and ``dist_ctx`` fixtures
-and the ``multiproc``, ``world_size`` and ``gpu`` markers need no import. Outside pytest::
+and the ``multiproc``, ``world_size``, ``nodes``, ``faults`` and ``gpu`` markers need no import.
+Outside pytest::
 
-    from refddp.testing import spawn_ranks
+    from refddp.testing import faults, spawn_ranks
     results = spawn_ranks(fn, 3, world_size=4)   # one result per rank, ordered by rank
+    spawn_ranks(fn, world_size=4, nnodes=2, faults=[faults.kill(1, at=3)])
 """
 
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "DistContext",
+    "DistributedTestCase",
+    "RankContext",
     "RankFailure",
     "RankSkipped",
     "RankTimeout",
+    "assert_matches_single_process",
+    "assert_replicas_equal",
+    "fault_point",
+    "faults",
+    "rank_context",
     "record_collectives",
     "shutdown_pools",
     "spawn_ranks",
 ]
 
 if TYPE_CHECKING:
+    from refddp.testing import faults
     from refddp.testing.collectives import record_collectives
-    from refddp.testing.context import DistContext, RankFailure, RankSkipped, RankTimeout
-    from refddp.testing.pool import shutdown_pools, spawn_ranks
+    from refddp.testing.context import (
+        DistContext,
+        RankContext,
+        RankFailure,
+        RankSkipped,
+        RankTimeout,
+        rank_context,
+    )
+    from refddp.testing.faults import fault_point
+    from refddp.testing.parity import assert_matches_single_process, assert_replicas_equal
+    from refddp.testing.unittest_case import DistributedTestCase
+    from refddp.testing.warm_pools import shutdown_pools, spawn_ranks
 
 _HOMES = {
     "record_collectives": "collectives",
     "DistContext": "context",
+    "RankContext": "context",
     "RankFailure": "context",
     "RankSkipped": "context",
     "RankTimeout": "context",
-    "shutdown_pools": "pool",
-    "spawn_ranks": "pool",
+    "rank_context": "context",
+    "fault_point": "faults",
+    "assert_matches_single_process": "parity",
+    "assert_replicas_equal": "parity",
+    "DistributedTestCase": "unittest_case",
+    "shutdown_pools": "warm_pools",
+    "spawn_ranks": "warm_pools",
 }
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: pytest loads the plugin (a submodule of this package) in every session of every
     # project that installs refddp; a session without distributed tests must not import torch.
-    if name not in _HOMES:
-        raise AttributeError(f"module 'refddp.testing' has no attribute {name!r}")
     import importlib
 
+    if name == "faults":
+        return importlib.import_module("refddp.testing.faults")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'refddp.testing' has no attribute {name!r}")
     return getattr(importlib.import_module(f"refddp.testing.{_HOMES[name]}"), name)

@@ -21,12 +21,15 @@ all-reduce runs in C++ and shows up in the process group's sequence number inste
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import mmap
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
+
+from refddp.testing import faults
 
 _COLLECTIVES = (
     "all_gather",
@@ -81,6 +84,7 @@ _installed = False
 _slot: mmap.mmap | None = None
 _recorders: list[list[str]] = []
 _count = 0  # collectives entered in the current task (the "#N" of every report)
+_failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
 _checker: Any = None  # the helper process group fingerprints are exchanged on
 _signatures: dict[str, inspect.Signature] = {}
 
@@ -148,11 +152,26 @@ def _describe(name: str, call: dict[str, Any], shapes: bool = True) -> str:
 
 
 def _check_fingerprint(signature: str) -> None:
-    """All-gather this collective's signature; raise on every rank if any rank differs.
+    """Check that every rank is issuing this collective; raise on every rank if any differs.
 
-    The all-gathers themselves pair the k-th checked collective of every rank, so only the
+    One small all-reduce carries a 56-bit hash of each rank's signature as (min, -max): equal
+    only if every rank's is. Only on a mismatch are the signatures themselves all-gathered to
+    name them (an all-gather of every rank's text costs several times the all-reduce on many
+    ranks). These collectives pair the k-th checked collective of every rank, so only the
     signature is compared; the "#N" shown is each rank's own count for the current task.
     """
+    import torch
+    import torch.distributed as dist
+
+    digest = int.from_bytes(hashlib.blake2b(signature.encode(), digest_size=7).digest(), "big")
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64)
+    dist.distributed_c10d.all_reduce(extremes, op=dist.ReduceOp.MIN, group=_checker)
+    if extremes[0] != -extremes[1]:
+        _name_the_mismatch(signature)
+
+
+def _name_the_mismatch(signature: str) -> None:
+    """All-gather every rank's signature and count, and raise naming them all."""
     import torch
     import torch.distributed as dist
 
@@ -162,16 +181,33 @@ def _check_fingerprint(signature: str) -> None:
     dist.distributed_c10d.all_gather(everyone, mine, group=_checker)
     raw = [bytes(t.tolist()) for t in everyone]
     seen = [r[:_FINGERPRINT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
-    if len(set(seen)) > 1:
-        counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
-        listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
-        raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
+    counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
+    listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
+    raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
 
 
 def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
-    global _count
-    _count = 0
+    global _count, _failed
+    _count, _failed = 0, None
+    _write_slot(_STATE_OUTSIDE, "")  # a report must not show the last task's collective
+
+
+def raised_inside(exc: BaseException) -> str:
+    """The collective ``exc`` (or an exception it was raised from) came out of, this task, as
+    "#3 all_reduce(...)"; "" if none did: a rank failing there was probably waiting on a peer."""
+    seen: BaseException | None = exc
+    while seen is not None and _failed is not None:
+        if seen is _failed[0]:
+            return _failed[1]
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def forget_failure() -> None:
+    """Let go of the exception a collective raised: its frames hold the test's objects."""
+    global _failed
+    _failed = None
 
 
 def enable_fingerprint_check(helper_group: Any) -> None:
@@ -189,8 +225,9 @@ def _write_slot(state: bytes, text: str) -> None:
 
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
-        global _count
+        global _count, _failed
         _count += 1
+        fault = faults.due_at_collective(_count) if faults._armed else None
         call = _bind(name, fn, args, kwargs)
         signature = _describe(name, call)
         for log in _recorders:
@@ -211,7 +248,13 @@ def _wrap(name: str, fn: Any) -> Any:
             if _checker is not None and name not in _UNCHECKED and on_world:
                 fingerprint = _describe(name, call, shapes=name not in _NAME_ONLY)
                 _check_fingerprint(fingerprint)
+            if fault is not None:  # every rank has entered this collective (checked above)
+                where = f"collective #{_count} {signature}"
+                return faults.fire(fault, where, lambda: fn(*args, **kwargs))
             return fn(*args, **kwargs)
+        except BaseException as exc:
+            _failed = (exc, f"#{_count} {signature}")
+            raise
         finally:
             if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
                 _slot[:1] = _STATE_OUTSIDE

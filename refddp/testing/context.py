@@ -2,21 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from refddp.dist import DistContext
 
-__all__ = ["DistContext", "RankFailure", "RankSkipped", "RankTimeout"]
+__all__ = [
+    "DistContext",
+    "RankContext",
+    "RankFailure",
+    "RankSkipped",
+    "RankTimeout",
+    "rank_context",
+]
+
+
+@dataclass(frozen=True)
+class RankContext(DistContext):
+    """A harness rank's ``DistContext`` (the ``dist_ctx`` fixture), with its simulated node.
+
+    Without nodes the rank is on node 0 of 1 and ``node_tmp_path`` is None.
+    """
+
+    node_rank: int = 0
+    local_world_size: int = 1
+    node_tmp_path: Path | None = None
+
+
+_current: RankContext | None = None  # set by the worker while a task runs
+
+
+def rank_context() -> RankContext | None:
+    """Inside a harness task (a ``spawn`` function, a rank-side test): this rank's context, the
+    one ``dist_ctx`` gives; None elsewhere."""
+    return _current
 
 
 class RankFailure(AssertionError):
     """One or more ranks raised, exited or were killed.
 
     ``failures`` maps rank -> the text explaining that rank's failure (remote traceback, or
-    exit code / signal); ``str()`` also carries each rank's captured output tail.
+    exit code / signal); ``cause`` is the rank that failed first (what the others then waited
+    on), or None when no one rank is to blame (ranks that disagreed on a collective, say);
+    ``str()`` also carries each rank's captured output tail.
     """
 
-    def __init__(self, message: str, failures: dict[int, str]):
+    def __init__(self, message: str, failures: dict[int, str], cause: int | None = None):
         super().__init__(message)
         self.failures = dict(failures)
+        self.cause = cause
 
 
 class RankTimeout(RankFailure):

@@ -7,14 +7,17 @@ Rank-side tests (``@pytest.mark.multiproc`` without ``spawn``) get on each rank:
 and a per-test ``monkeypatch`` made there (``protocol.RANK_FIXTURES``), ``tmp_path`` /
 ``tmpdir`` (one directory all ranks share) and a project's own fixtures, whose values are
 pickled to the ranks. pytest's other built-in fixtures (``capsys``, ``caplog``, ``request``...)
-belong to the pytest process; asking for one is a collection error naming it.
+belong to the pytest process; asking for one fails that test at setup, naming it.
+``@pytest.mark.nodes(n)`` runs a test's ranks as n simulated nodes (each with a
+``node_tmp_path`` of its own, per test); ``@pytest.mark.faults(...)`` injects faults into a
+rank-side test (``spawn`` takes ``faults=``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from refddp.testing.protocol import RANK_FIXTURES
 
 DEFAULT_WORLD_SIZE = 2
+session_config: pytest.Config | None = None  # for DistributedTestCase, which gets no fixtures
 SENT_BUILTIN_FIXTURES = ("tmp_path", "tmpdir")  # pytest's own fixtures whose values travel
 
 
@@ -52,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global session_config
+    session_config = config
     config.addinivalue_line(
         "markers",
         "multiproc(timeout=None): run the test body on every rank of a process group "
@@ -62,6 +68,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "gpu: needs CUDA GPUs (NCCL, one per rank); skipped when too few are found"
+    )
+    config.addinivalue_line(
+        "markers",
+        "nodes(n): run the ranks as n simulated nodes (torchrun's LOCAL_RANK, GROUP_RANK...; "
+        "a host name and dist_ctx.node_tmp_path per node)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "faults(*faults): inject refddp.testing.faults (kill, error, hang, exit, delay) into a "
+        "rank-side test",
     )
 
 
@@ -82,9 +98,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _stop_pools_and_leases() -> None:
     # Only a session that ran a distributed test has imported these (and torch with them).
-    pool = sys.modules.get("refddp.testing.pool")
-    if pool is not None:
-        pool.shutdown_pools()
+    pools = sys.modules.get("refddp.testing.warm_pools")
+    if pools is not None:
+        pools.shutdown_pools()
     gpus = sys.modules.get("refddp.testing.gpus")
     if gpus is not None:
         gpus.release_devices()
@@ -104,15 +120,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _stop_pools_and_leases()  # a session interrupted before its test loop
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
-    items = yield
-    for item in items if isinstance(items, list) else [items]:
-        if isinstance(item, pytest.Function) and _is_rank_side(item):
-            problem = _unsupported_rank_fixture(item)
-            if problem is not None:
-                raise collector.CollectError(f"{item.nodeid}: {problem}")
-    return items
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # At setup, not collection: the one test errors and the module's other tests still run.
+    if isinstance(item, pytest.Function) and _is_rank_side(item):
+        problem = _unsupported_rank_fixture(item)
+        if problem is not None:
+            pytest.fail(f"{item.nodeid}: {problem}", pytrace=False)
 
 
 def _unsupported_rank_fixture(item: pytest.Function) -> str | None:
@@ -154,6 +168,32 @@ def _timeout(item: pytest.Item, explicit: float | None) -> float:
     return float(item.config.getoption("dist_timeout"))
 
 
+def _nnodes(item: pytest.Item, explicit: int | None) -> int | None:
+    if explicit is not None:
+        return explicit
+    marker = item.get_closest_marker("nodes")
+    return int(marker.args[0]) if marker is not None else None
+
+
+def _node_dirs(item: pytest.Item, nnodes: int | None) -> tuple[str, ...]:
+    """This test's node_tmp_path of each node: made on first use, kept for the whole test (and,
+    like tmp_path, after it)."""
+    if nnodes is None:
+        return ()
+    dirs = item.stash.get(_NODE_DIRS, None)
+    if dirs is None or len(dirs) != nnodes:
+        factory = item.config._tmp_path_factory  # type: ignore[attr-defined]
+        root = factory.mktemp(f"{item.name[:30]}-nodes", numbered=True)
+        dirs = tuple(str(root / f"node{n}") for n in range(nnodes))
+        for d in dirs:
+            os.makedirs(d)
+        item.stash[_NODE_DIRS] = dirs
+    return dirs
+
+
+_NODE_DIRS = pytest.StashKey[tuple]()
+
+
 def _run_on_ranks(
     item: pytest.Item,
     fn: Callable[..., Any],
@@ -163,16 +203,24 @@ def _run_on_ranks(
     backend: str | None,
     timeout: float | None,
     rank_fixtures: tuple[str, ...] = (),
+    faults: tuple = (),
+    nnodes: int | None = None,
 ) -> list[Any]:
     __tracebackhide__ = True
     from refddp.testing.context import RankSkipped
     from refddp.testing.gpus import gpu_skip_reason, lease_devices, release_devices
-    from refddp.testing.pool import close_pool, run_on_pool
+    from refddp.testing.nodes import layout
+    from refddp.testing.warm_pools import PoolKey, close_pool, run_on_pool
 
     gpu = item.get_closest_marker("gpu") is not None
     backend = backend or ("nccl" if gpu else "gloo")
     deadline = _timeout(item, timeout)
     debug = bool(item.config.getoption("dist_debug"))
+    nnodes = _nnodes(item, nnodes)
+    try:
+        layout(world_size, nnodes)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
     devices: tuple[str, ...] = ()
     under_xdist = "PYTEST_XDIST_WORKER" in os.environ
     if backend == "nccl":
@@ -182,23 +230,31 @@ def _run_on_ranks(
         devices = lease_devices(world_size, timeout_s=deadline)
     module = getattr(item, "module", None)
     extra = (module.__name__,) if module is not None else ()
-    key = (world_size, backend, debug, devices)
+    key = PoolKey(world_size, backend, debug, devices, nnodes)
+    options = dict(
+        extra_modules=extra,
+        rank_fixtures=rank_fixtures,
+        faults=tuple(faults),
+        node_dirs=_node_dirs(item, nnodes),
+    )
     try:
-        return run_on_pool(key, fn, args, kwargs, deadline, extra, rank_fixtures)
+        return run_on_pool(key, fn, args, kwargs, deadline, **options)
     except RankSkipped as skip:
         pytest.skip(skip.reason)
     finally:
         if devices and under_xdist:
             # Other workers may need these GPUs: give them back between tests.
-            close_pool(*key)
+            close_pool(key)
             release_devices()
 
 
 @pytest.fixture
 def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[Callable]:
-    """``spawn(fn, *args, world_size=2, backend=None, timeout=None, **kwargs) -> list``.
+    """``spawn(fn, *args, world_size=2, backend=None, timeout=None, faults=(), nnodes=None,
+    **kwargs) -> list``.
 
-    Runs ``fn`` on every rank of an initialised process group; results ordered by rank.
+    Runs ``fn`` (any callable: lambdas and closures too) on every rank of an initialised
+    process group; results ordered by rank.
     """
 
     def run(
@@ -207,18 +263,23 @@ def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[C
         world_size: int | None = None,
         backend: str | None = None,
         timeout: float | None = None,
+        faults: Iterable[Any] = (),
+        nnodes: int | None = None,
         **kwargs: Any,
     ) -> list[Any]:
         __tracebackhide__ = True
         size = world_size if world_size is not None else _refddp_world_size
-        return _run_on_ranks(request.node, fn, args, kwargs, size, backend, timeout)
+        return _run_on_ranks(
+            request.node, fn, args, kwargs, size, backend, timeout, (), tuple(faults), nnodes
+        )
 
     yield run
 
 
 @pytest.fixture
 def dist_ctx(request: pytest.FixtureRequest, _refddp_world_size: int) -> Any:
-    """This rank's ``DistContext`` (rank, world_size, local_rank, device, backend)."""
+    """This rank's ``RankContext``: rank, world_size, local_rank, device, backend, and its
+    simulated node (node_rank, local_world_size, node_tmp_path)."""
     from refddp.dist import DistContext
 
     if not _is_rank_side(request.node):
@@ -237,5 +298,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     # The driver's own values of rank-made fixtures stay here; each rank fills in its own.
     kwargs = {name: None if name in made_on_ranks else pyfuncitem.funcargs[name] for name in names}
     world_size = pyfuncitem.funcargs["_refddp_world_size"]  # an autouse fixture: always there
-    _run_on_ranks(pyfuncitem, pyfuncitem.obj, (), kwargs, world_size, None, None, made_on_ranks)
+    injected = tuple(f for m in pyfuncitem.iter_markers("faults") for f in m.args)
+    _run_on_ranks(
+        pyfuncitem, pyfuncitem.obj, (), kwargs, world_size, None, None, made_on_ranks, injected
+    )
     return True

@@ -1,15 +1,17 @@
 """Driver side of the harness: warm pools of rank processes, deadlines, failure reports.
 
-A pool is ``world_size`` fresh interpreters (``python -m refddp.testing.worker``: no fork, so
-CUDA-safe) joined in one process group through a store this process owns. Pools are started
-once per (world_size, backend, debug, devices) and reused; any failure closes the pool and the
-next call starts a new one, as does a rank found dead between tasks. Driver and ranks talk in
-the named messages of ``protocol.py``; nothing here needs pytest.
+A pool is ``world_size`` rank processes (forked from the rank server, ``rank_server.py``, which
+imported torch once and never touches CUDA; fresh interpreters where it cannot run) joined in
+one process group through a store this process owns. Pools are started once per (world_size,
+backend, debug, devices, nnodes) and reused; any failure closes the pool and the next call
+starts a new one, as does a rank found dead between tasks or a task that left state behind that
+its ranks could not release. Driver and ranks talk in the named messages of ``protocol.py``;
+failures are explained by ``reports.py`` (which rank failed first, who waited on it); nothing
+here needs pytest.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
 import shutil
@@ -23,9 +25,13 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from refddp.testing import rank_coverage
+from refddp.testing import faults as fault_records
+from refddp.testing import nodes as node_layout
+from refddp.testing import rank_coverage, rank_server
 from refddp.testing.collectives import read_slot, slot_path_for
 from refddp.testing.context import RankFailure, RankSkipped, RankTimeout
+from refddp.testing.faults import Fault
+from refddp.testing.payload import pickle_call
 from refddp.testing.protocol import (
     FAILURES,
     Died,
@@ -36,7 +42,7 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
-from refddp.testing.reports import PoolFiles
+from refddp.testing.reports import PoolFiles, blame, find_cause
 
 DEFAULT_TIMEOUT_S = 60.0
 FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simultaneous others
@@ -52,8 +58,9 @@ def rank_environment(
 ) -> dict[str, str]:
     """The environment a pool's ranks start with: this process's, plus the harness's settings.
 
-    ``devices`` are ``CUDA_VISIBLE_DEVICES`` entries of this process (see ``gpus.py``), in rank
-    order; coverage settings are added when coverage measures this process.
+    ``devices`` are ``CUDA_VISIBLE_DEVICES`` entries of this process (see ``gpus.py``) that the
+    rank sees, in local rank order; coverage settings are added when coverage measures this
+    process.
     """
     env = dict(os.environ)
     env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if debug else "OFF"
@@ -84,50 +91,41 @@ class RankPool:
         debug: bool = True,
         devices: tuple[str, ...] = (),
         start_timeout_s: float = 120.0,
+        nnodes: int | None = None,
     ):
         from refddp.dist import loopback_store
 
+        self.nodes = node_layout.layout(world_size, nnodes)
         self.world_size, self.backend = world_size, backend
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
         self.files = PoolFiles(self.workdir, world_size, backend)
         self.sound = True
         self._store = loopback_store()
-        env = rank_environment(backend, debug, devices, self.workdir)
-        self.measured = rank_coverage.ENV_VAR in env
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[Any] = []  # subprocess.Popen or rank_server.RankProcess
         self.conns: list[Connection] = []
+        server = rank_server.server()
         for rank in range(world_size):
-            ours, theirs = socket.socketpair()
-            out = open(self.files.out_path(rank), "wb")  # noqa: SIM115 - the child owns it
-            cmd = [
-                sys.executable,
-                "-m",
-                "refddp.testing.worker",
-                "--fd",
-                str(theirs.fileno()),
-                "--rank",
-                str(rank),
-                "--world-size",
-                str(world_size),
-                "--backend",
-                backend,
-                "--store-port",
-                str(self._store.port),
-                "--workdir",
-                self.workdir,
-                "--driver-pid",
-                str(os.getpid()),
-            ]
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
+            env = rank_environment(
+                backend, debug, node_layout.node_devices(self.nodes, devices, rank), self.workdir
             )
-            out.close()
+            if self.nodes is not None:
+                env.update(node_layout.torchrun_environment(self.nodes, rank))
+            self.measured = rank_coverage.ENV_VAR in env
+            ours, theirs = socket.socketpair()
+            argv = [
+                "--rank", str(rank), "--world-size", str(world_size), "--backend", backend,
+                "--store-port", str(self._store.port), "--workdir", self.workdir,
+                "--driver-pid", str(os.getpid()),
+            ]  # fmt: skip
+            out_path = self.files.out_path(rank)
+            proc: Any = None
+            if server is not None:
+                try:
+                    proc = server.start_rank(argv, env, out_path, theirs.fileno())
+                except OSError:  # the server died or refused: this pool's ranks start afresh
+                    server = None
+            if proc is None:
+                proc = rank_server.start_interpreter(argv, env, out_path, theirs.fileno())
             theirs.close()
             self.procs.append(proc)
             self.conns.append(Connection(ours.detach()))
@@ -138,6 +136,17 @@ class RankPool:
             self.close()
             failures = {**errors, **{r: "did not start in time" for r in missing}}
             raise RankFailure(self.files.report("pool failed to start", failures, {}), failures)
+
+    def node_dirs(self) -> tuple[str, ...]:
+        """Each simulated node's own directory, for the pool's life (outside pytest)."""
+        if self.nodes is None:
+            return ()
+        dirs = tuple(
+            os.path.join(self.workdir, "nodes", f"node{n}") for n in range(self.nodes.nnodes)
+        )
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
+        return dirs
 
     # -- running tasks -----------------------------------------------------------------------
 
@@ -154,18 +163,28 @@ class RankPool:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_modules: tuple[str, ...] = (),
         rank_fixtures: tuple[str, ...] = (),
+        faults: tuple[Fault, ...] = (),
+        node_dirs: tuple[str, ...] = (),
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; results ordered by rank.
 
         ``rank_fixtures`` name keyword arguments each rank creates for itself (``dist_ctx``,
-        ``monkeypatch``) and tears down after the call.
+        ``monkeypatch``) and tears down after the call; ``faults`` are injected (``faults.py``);
+        ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default).
         """
         __tracebackhide__ = True
-        payload = _pickle_call(fn, args, kwargs or {})
+        for fault in faults:
+            if fault.rank >= self.world_size:
+                raise ValueError(f"{fault.describe()}: no rank {fault.rank} in a world of "
+                                 f"{self.world_size}")  # fmt: skip
+        payload = pickle_call(fn, args, kwargs or {})
         module_names = {getattr(fn, "__module__", None), *extra_modules} - {None}
         modules = [(n, getattr(sys.modules.get(n), "__file__", None)) for n in module_names]
-        task = RunTask(payload, list(sys.path), modules, rank_fixtures)
+        dirs = node_dirs or self.node_dirs()
+        task = RunTask(payload, list(sys.path), modules, rank_fixtures, tuple(faults), dirs)
         offsets = [self.files.out_size(r) for r in range(self.world_size)]
+        if faults:  # only a task's armed faults write records
+            fault_records.clear_records(self.workdir, self.world_size)
         try:
             for conn in self.conns:
                 conn.send(task)
@@ -175,34 +194,79 @@ class RankPool:
 
         start = time.monotonic()
         replies, one_sided = self._collect(range(self.world_size), start + timeout_s, True)
+        fired = fault_records.fired_faults(self.workdir, self.world_size) if faults else {}
+        unfired = fault_records.never_fired(faults, fired)
         failures = {r: _failure_text(m) for r, m in replies.items() if isinstance(m, FAILURES)}
         pending = [r for r in range(self.world_size) if r not in replies]
         if failures or pending:
-            stacks = self.files.dump_stacks({r: self.procs[r].pid for r in pending})
-            if failures:
-                headline = f"rank(s) {sorted(failures)} failed"
-                error: RankFailure = RankFailure(
-                    self.files.report(headline, failures, stacks, offsets), failures
-                )
-            else:
-                if one_sided:
-                    headline = (
-                        f"rank(s) {one_sided} blocked in a collective that every other rank "
-                        f"finished without (a certain hang, reported after "
-                        f"{time.monotonic() - start:.1f} s, deadline {timeout_s:g} s)"
-                    )
-                else:
-                    headline = f"rank(s) {pending} did not finish within {timeout_s:g} s"
-                error = RankTimeout(self.files.report(headline, {}, stacks, offsets), stacks)
-            self.close(busy=pending)
-            raise error
+            elapsed = time.monotonic() - start
+            self._fail(replies, pending, one_sided, fired, unfired, offsets, elapsed, timeout_s)
 
         self._check_health([m.health for _, m in sorted(replies.items())])
         self.files.echo_output(offsets)
         skips = [m.reason for m in replies.values() if isinstance(m, Skipped)]
         if skips:
             raise RankSkipped(skips[0])
+        if unfired:
+            listed = "; ".join(f.describe() for f in unfired)
+            reached = "; ".join(
+                f"rank {r} entered {_entered(read_slot(slot_path_for(self.workdir, r)).last)} "
+                "collective(s)"
+                for r in sorted({f.rank for f in unfired})
+            )
+            text = f"fault never fired: {listed} ({reached})"
+            raise RankFailure(self.files.report(text, {}, {}, offsets), {})
         return [pickle.loads(replies[r].result) for r in range(self.world_size)]
+
+    def _fail(
+        self,
+        replies: dict[int, Reply],
+        pending: list[int],
+        one_sided: list[int],
+        fired: dict[int, list[str]],
+        unfired: list[Fault],
+        offsets: list[int],
+        elapsed: float,
+        timeout_s: float,
+    ) -> None:
+        """Raise the report of a failed task, naming the rank that failed first; close."""
+        __tracebackhide__ = True
+        failures = {r: _failure_text(m) for r, m in replies.items() if isinstance(m, FAILURES)}
+        stacks = self.files.dump_stacks({r: self.procs[r].pid for r in pending})
+        slots = {r: read_slot(slot_path_for(self.workdir, r)) for r in range(self.world_size)}
+        acting = {r: lines for r, lines in fired.items()
+                  if any(not ln.startswith("delay ") for ln in lines)}  # fmt: skip
+        details = [f"fault never fired: {f.describe()}" for f in unfired]
+        cause: int | None
+        if failures:
+            cause = find_cause(replies, acting, slots)
+            if cause is None:
+                headline = f"rank(s) {sorted(failures)} failed"
+            else:
+                headline, victims = blame(cause, replies, pending, acting, slots, failures[cause])
+                details = victims + details
+            error: RankFailure = RankFailure(
+                self.files.report(headline, failures, stacks, offsets, details),
+                failures,
+                cause,
+            )
+        else:
+            if one_sided:
+                headline = (
+                    f"rank(s) {one_sided} blocked in a collective that every other rank "
+                    f"finished without (a certain hang, reported after {elapsed:.1f} s, "
+                    f"deadline {timeout_s:g} s)"
+                )
+            else:
+                headline = f"rank(s) {pending} did not finish within {timeout_s:g} s"
+            hung = sorted(acting)
+            cause = hung[0] if hung else (one_sided[0] if len(one_sided) == 1 else None)
+            details = [f"injected: {ln}" for r in hung for ln in acting[r]] + details
+            error = RankTimeout(
+                self.files.report(headline, {}, stacks, offsets, details), stacks, cause
+            )
+        self.close(busy=pending)
+        raise error
 
     def _collect(
         self, ranks: Iterable[int], deadline: float, watch_hangs: bool = False
@@ -232,7 +296,7 @@ class RankPool:
                 try:
                     replies[rank] = conn.recv()
                 except (EOFError, OSError):
-                    replies[rank] = Died(self._exit_description(rank))
+                    replies[rank] = Died(self._exit_description(rank), time.monotonic())
                 if isinstance(replies[rank], FAILURES):
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
             if finished and pending:
@@ -267,9 +331,12 @@ class RankPool:
         return f"exited with code {code}"
 
     def _check_health(self, health: list[Health]) -> None:
-        """Recycle the pool if a task left it unsound: group gone, or ranks out of step."""
+        """Recycle the pool if a task left it unsound: group gone, ranks out of step, or state
+        a rank could not release (``leftovers.py``)."""
         sequences = {h.sequence for h in health}
-        ok = all(h.initialized and h.world_size == self.world_size for h in health)
+        ok = all(
+            h.initialized and h.world_size == self.world_size and not h.unclean for h in health
+        )
         if not ok or len(sequences) > 1:
             self.sound = False
 
@@ -320,94 +387,6 @@ def _failure_text(reply: Reply) -> str:
     return getattr(reply, "text", repr(reply))
 
 
-def _pickle_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bytes:
-    """``(fn, args, kwargs)`` pickled, or a TypeError naming what cannot be sent."""
-    try:
-        return pickle.dumps((fn, args, kwargs))
-    except Exception as exc:
-        name = getattr(fn, "__qualname__", type(fn).__name__)
-        for key, value in kwargs.items():
-            try:
-                pickle.dumps(value)
-            except Exception:  # noqa: BLE001 - any pickling error: name the argument
-                raise TypeError(
-                    f"cannot send argument {key!r} of {name} to the ranks: {exc}. Arguments and "
-                    "fixture values must be picklable."
-                ) from exc
-        raise TypeError(
-            f"cannot send {name} to the ranks: {exc}. Use a module-level function or any "
-            "picklable callable, with picklable arguments."
-        ) from exc
-
-
-_pools: dict[tuple, RankPool] = {}
-
-
-def get_pool(world_size: int, backend: str, debug: bool, devices: tuple[str, ...] = ()) -> RankPool:
-    """The warm pool for this key, started on first use, after the last one broke, or when a
-    rank of it died between tasks."""
-    key = (world_size, backend, debug, devices)
-    pool = _pools.get(key)
-    if pool is None or not pool.sound or not pool.alive():
-        if pool is not None:
-            pool.close()
-        pool = _pools[key] = RankPool(world_size, backend, debug, devices)
-    return pool
-
-
-def run_on_pool(
-    key: tuple[int, str, bool, tuple[str, ...]],
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    timeout_s: float,
-    extra_modules: tuple[str, ...] = (),
-    rank_fixtures: tuple[str, ...] = (),
-) -> list[Any]:
-    """Run a task on the warm pool for ``key`` (world_size, backend, debug, devices).
-
-    A pool found dead while the task was being sent is replaced and the task sent once more:
-    nothing of it had run.
-    """
-    __tracebackhide__ = True
-    try:
-        return get_pool(*key).run(fn, args, kwargs, timeout_s, extra_modules, rank_fixtures)
-    except _PoolGone:
-        return get_pool(*key).run(fn, args, kwargs, timeout_s, extra_modules, rank_fixtures)
-
-
-def close_pool(world_size: int, backend: str, debug: bool, devices: tuple[str, ...] = ()) -> None:
-    """Stop the pool for this key, if one runs."""
-    pool = _pools.pop((world_size, backend, debug, devices), None)
-    if pool is not None:
-        pool.close()
-
-
-def shutdown_pools() -> None:
-    """Stop every pool this process started (also run at exit)."""
-    while _pools:
-        _, pool = _pools.popitem()
-        pool.close()
-
-
-atexit.register(shutdown_pools)
-
-
-def spawn_ranks(
-    fn: Callable[..., Any],
-    *args: Any,
-    world_size: int = 2,
-    backend: str | None = None,
-    timeout: float | None = None,
-    debug: bool = True,
-    **kwargs: Any,
-) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` on every rank of a ``world_size`` group; one result per rank.
-
-    ``backend=None`` means gloo (the pytest ``spawn`` fixture picks nccl for ``gpu`` tests).
-    Raises ``RankFailure`` as soon as a rank fails, ``RankTimeout`` after ``timeout`` seconds
-    (or sooner for a certain hang) and ``RankSkipped`` if a rank skipped.
-    """
-    __tracebackhide__ = True
-    key = (world_size, backend or "gloo", debug, ())
-    return run_on_pool(key, fn, args, kwargs, timeout if timeout is not None else DEFAULT_TIMEOUT_S)
+def _entered(last: str) -> int:
+    """How many collectives a rank entered in the task, from its slot ("#5 barrier() at ...")."""
+    return int(last.split(" ", 1)[0].lstrip("#")) if last.startswith("#") else 0

@@ -8,7 +8,7 @@ closes, so that every rank answers every task with a message.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Health(NamedTuple):
@@ -17,6 +17,7 @@ class Health(NamedTuple):
     initialized: bool
     world_size: int | None
     sequence: int | None  # the default group's collective count, C++-issued ones included
+    unclean: tuple[str, ...] = ()  # what the task left behind that could not be cleaned up
 
 
 class RunTask(NamedTuple):
@@ -26,6 +27,8 @@ class RunTask(NamedTuple):
     sys_path: list[str]
     modules: list[tuple[str, str | None]]  # (module name, file) the payload refers to
     rank_fixtures: tuple[str, ...] = ()  # fixtures the rank creates and tears down itself
+    faults: tuple[Any, ...] = ()  # faults.Fault: each rank arms its own
+    node_dirs: tuple[str, ...] = ()  # with simulated nodes: node n's node_tmp_path
 
 
 class Stop(NamedTuple):
@@ -48,6 +51,8 @@ class Done(NamedTuple):
 class Failed(NamedTuple):
     text: str  # the remote traceback
     health: Health
+    at: float = 0.0  # time.monotonic() when it failed (one clock for every process here)
+    in_collective: str = ""  # the collective the exception came out of, if it did
 
 
 class Skipped(NamedTuple):
@@ -57,6 +62,7 @@ class Skipped(NamedTuple):
 
 class Died(NamedTuple):
     why: str  # "exited with code 7", "killed by signal SIGKILL"
+    at: float = 0.0  # when the driver saw it go
 
 
 Reply = Ready | InitError | Done | Failed | Skipped | Died

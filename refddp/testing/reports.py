@@ -12,7 +12,8 @@ import os
 import signal
 import time
 
-from refddp.testing.collectives import read_slot, slot_path_for
+from refddp.testing.collectives import SlotReading, read_slot, slot_path_for
+from refddp.testing.protocol import FAILURES, Died, Failed, Reply
 
 OUTPUT_TAIL_LINES = 40
 
@@ -80,8 +81,10 @@ class PoolFiles:
         failures: dict[int, str],
         stacks: dict[int, str],
         offsets: list[int] | None = None,
+        details: list[str] = (),  # type: ignore[assignment]
     ) -> str:
         lines = [f"{headline} (world_size={self.world_size}, backend={self.backend})"]
+        lines += ["    " + d for d in details]
         for rank in range(self.world_size):
             if rank in failures:
                 lines.append(f"--- rank {rank} failed:")
@@ -97,3 +100,70 @@ class PoolFiles:
                 lines.append(f"--- rank {rank} output (last {OUTPUT_TAIL_LINES} lines):")
                 lines += [f"[rank {rank}] {ln}" for ln in out[-OUTPUT_TAIL_LINES:]]
         return "\n".join(lines)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text
+
+
+def _inside(reply: Reply, slot: SlotReading) -> str:
+    """The collective a failed rank was in when it failed ("" if none)."""
+    if isinstance(reply, Failed):
+        return reply.in_collective
+    if isinstance(reply, Died) and slot.inside:
+        return slot.last
+    return ""
+
+
+def find_cause(
+    replies: dict[int, Reply], fired: dict[int, list[str]], slots: dict[int, SlotReading]
+) -> int | None:
+    """The rank that failed first, the others' failures following from it; None if no one rank
+    is to blame (every failed rank failed inside a collective: ranks that disagreed on one).
+
+    An injected fault that fired is the cause; else a rank that failed outside any collective
+    (raised, exited, was killed): the earliest. A rank failing inside a collective is usually
+    a victim, its peer gone.
+    """
+    failed = {r: m for r, m in replies.items() if isinstance(m, FAILURES)}
+    by_fault = [r for r in failed if r in fired]
+    outside = [r for r in failed if not _inside(failed[r], slots[r])]
+    candidates = by_fault or outside
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (getattr(failed[r], "at", 0.0), r))
+
+
+def blame(
+    cause: int,
+    replies: dict[int, Reply],
+    pending: list[int],
+    fired: dict[int, list[str]],
+    slots: dict[int, SlotReading],
+    why: str,
+) -> tuple[str, list[str]]:
+    """The headline naming the cause and how it failed, and one line per victim: the ranks then
+    blocked in (or failing out of) a collective, waiting on it."""
+    how = why if isinstance(replies.get(cause), Died) or cause not in replies else (_last_line(why))
+    injected = "; ".join(f"injected: {line}" for line in fired.get(cause, ()))
+    headline = f"rank {cause} failed first: {how}" + (f" ({injected})" if injected else "")
+    victims = []
+    for rank in sorted(set(replies) | set(pending)):
+        if rank == cause:
+            continue
+        reply, slot = replies.get(rank), slots[rank]
+        if reply is None and slot.inside:
+            victims.append(f"rank {rank}: waiting on rank {cause} in {slot.last}")
+        elif reply is None:
+            last = f" (last collective: {slot.last})" if slot.last else ""
+            victims.append(f"rank {rank}: still running, in no collective{last}")
+        elif isinstance(reply, FAILURES):
+            where = _inside(reply, slot)
+            text = getattr(reply, "text", None) or getattr(reply, "why", "")
+            if where:
+                victims.append(f"rank {rank}: failed waiting on rank {cause} in {where}: "
+                               f"{_last_line(text)}")  # fmt: skip
+            else:
+                victims.append(f"rank {rank}: also failed: {_last_line(text)}")
+    return headline, victims

@@ -7,14 +7,19 @@ coverage's settings when the driver is measured) before start, since both act at
 
 Fixtures a rank-side test asks for arrive as pickled values (``tmp_path``, a project's own
 data fixtures) except those the rank makes itself for each task and undoes after it
-(``RANK_FIXTURES``): its ``dist_ctx``, and a fresh ``monkeypatch``.
+(``RANK_FIXTURES``): its ``dist_ctx``, and a fresh ``monkeypatch``. Around each task the rank
+arms the task's faults (``faults.py``) and afterwards releases what the task left behind
+(``leftovers.py``). Ranks are usually forked from the rank server (``rank_server.py``), which
+calls ``main`` in the child; ``python -m refddp.testing.worker`` starts one afresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import faulthandler
+import functools
 import importlib
 import importlib.util
 import io
@@ -22,15 +27,19 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from refddp.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
-from refddp.testing import collectives, rank_coverage
+from refddp.testing import collectives, context, faults, leftovers, nodes, rank_coverage
+from refddp.testing.context import RankContext
 from refddp.testing.protocol import (
     RANK_FIXTURES,
     Done,
@@ -78,12 +87,13 @@ def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | Non
         spec.loader.exec_module(module)
 
 
-def _health() -> Health:
+def _health(unclean: tuple[str, ...] = ()) -> Health:
     initialized = dist.is_initialized()
     return Health(
         initialized,
         dist.get_world_size() if initialized else None,
         collectives.process_group_sequence(),
+        unclean,
     )
 
 
@@ -97,35 +107,59 @@ def _make_fixture(name: str, ctx: DistContext) -> Any:
     raise ValueError(f"no rank-side fixture {name!r}; these exist: {', '.join(RANK_FIXTURES)}")
 
 
-def _run_task(task: RunTask, ctx: DistContext) -> Done | Failed | Skipped:
+def _run_task(
+    task: RunTask, ctx: RankContext, start: leftovers.Baseline, workdir: str
+) -> Done | Failed | Skipped:
     collectives.reset_count()
+    faults.arm(task.faults, ctx.rank, faults.record_path_for(workdir, ctx.rank))
+    if task.node_dirs:
+        ctx = dataclasses.replace(ctx, node_tmp_path=Path(task.node_dirs[ctx.node_rank]))
+    context._current = ctx
     made: dict[str, Any] = {}
+    reply: Callable[[Health], Done | Failed | Skipped]
     try:
         _import_test_modules(task.sys_path, task.modules)
         fn, args, kwargs = _TaskUnpickler(io.BytesIO(task.payload)).load()
         for name in task.rank_fixtures:
             made[name] = kwargs[name] = _make_fixture(name, ctx)
-        reply: Done | Failed | Skipped = Done(pickle.dumps(fn(*args, **kwargs)), _health())
+        reply = functools.partial(Done, pickle.dumps(fn(*args, **kwargs)))
     except BaseException as exc:  # noqa: BLE001 - everything a test raises goes to the driver
         outcomes = sys.modules.get("_pytest.outcomes")
-        if outcomes is not None and isinstance(exc, outcomes.Skipped):
-            reply = Skipped(str(getattr(exc, "msg", exc)), _health())
+        if (outcomes is not None and isinstance(exc, outcomes.Skipped)) or _is_unittest_skip(exc):
+            reply = functools.partial(Skipped, str(getattr(exc, "msg", exc)))
         else:
-            reply = Failed(traceback.format_exc(), _health())
+            reply = functools.partial(
+                Failed,
+                traceback.format_exc(),
+                at=time.monotonic(),
+                in_collective=collectives.raised_inside(exc),
+            )
     finally:
+        faults.disarm()
+        collectives.forget_failure()
+        context._current = None
         if "monkeypatch" in made:
             made["monkeypatch"].undo()  # the next task on this rank starts unpatched
         sys.stdout.flush()
         sys.stderr.flush()
-    return reply
+    return reply(_health(leftovers.clean_up(start)))
 
 
-def _init_group(args: argparse.Namespace) -> DistContext:
+def _is_unittest_skip(exc: BaseException) -> bool:
+    import unittest
+
+    return isinstance(exc, unittest.SkipTest)
+
+
+def _init_group(args: argparse.Namespace) -> RankContext:
+    local_rank = int(os.environ.get("LOCAL_RANK", args.rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", args.world_size))
     device = "cpu"
     if args.backend == "nccl":
-        # The driver restricted CUDA_VISIBLE_DEVICES to this pool's leased GPUs, in rank order.
-        torch.cuda.set_device(args.rank)
-        device = f"cuda:{args.rank}"
+        # The driver restricted CUDA_VISIBLE_DEVICES to this rank's node's leased GPUs (all the
+        # pool's without simulated nodes), in local rank order.
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
     store = dist.TCPStore(  # this pool's own store: its keys are the pool's alone
         "127.0.0.1",
         args.store_port,
@@ -149,10 +183,13 @@ def _init_group(args: argparse.Namespace) -> DistContext:
     if detail:
         collectives.enable_fingerprint_check(dist.new_group(backend="gloo"))
         dist.set_debug_level(dist.DebugLevel.DETAIL)
-    return DistContext(args.rank, args.world_size, args.rank, device, args.backend)
+    node = int(os.environ.get("GROUP_RANK", 0))
+    return RankContext(
+        args.rank, args.world_size, local_rank, device, args.backend, node, local_world
+    )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)
@@ -163,7 +200,7 @@ def main() -> None:
     parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--init-timeout", type=float, default=120.0)
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     cov = rank_coverage.start()
     if cov is not None:
@@ -178,6 +215,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     collectives.install(collectives.slot_path_for(args.workdir, args.rank))
     torch.set_num_threads(1)
+    nodes.take_node_hostname()
 
     conn = Connection(args.fd)
     try:
@@ -185,6 +223,7 @@ def main() -> None:
     except BaseException:  # noqa: BLE001
         conn.send(InitError(traceback.format_exc()))
         _exit(cov, 1)
+    start = leftovers.baseline()
     conn.send(Ready())
     while True:
         try:
@@ -193,7 +232,7 @@ def main() -> None:
             break
         if isinstance(message, Stop):
             break
-        conn.send(_run_task(message, ctx))
+        conn.send(_run_task(message, ctx, start, args.workdir))
     _exit(cov, 0)
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from refddp.testing import RankFailure, RankTimeout, record_collectives
-from refddp.testing.pool import _pools
+from refddp.testing.warm_pools import PoolKey, _pools
 
 GENEROUS_DEADLINE = 120.0  # the failure tests must finish far sooner than this
 
@@ -255,7 +255,7 @@ def test_subgroup_collectives_run_under_fingerprint_checking(spawn):
 
 def test_rank_killed_between_tests_is_replaced_and_the_next_task_runs(spawn):
     before = {pid for _, _, pid in spawn(whoami)}
-    pool = _pools[(2, "gloo", True, ())]
+    pool = _pools[PoolKey(2)]
     os.kill(pool.procs[1].pid, signal.SIGKILL)  # the OOM killer, between two tests
     pool.procs[1].wait()
     after = {pid for _, _, pid in spawn(whoami)}
@@ -265,7 +265,7 @@ def test_rank_killed_between_tests_is_replaced_and_the_next_task_runs(spawn):
 
 def test_rank_dying_as_the_task_is_sent_is_retried_on_a_fresh_pool(spawn, monkeypatch):
     spawn(whoami)
-    pool = _pools[(2, "gloo", True, ())]
+    pool = _pools[PoolKey(2)]
     os.kill(pool.procs[1].pid, signal.SIGKILL)
     os.waitid(os.P_PID, pool.procs[1].pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped
     monkeypatch.setattr(type(pool), "alive", lambda self: True)  # the check just missed it
@@ -279,9 +279,34 @@ def test_unsound_pool_is_recycled_after_a_task(spawn):
     assert before.isdisjoint(after), "a pool whose group was destroyed must be replaced"
 
 
-def test_unpicklable_function_is_refused_with_a_clear_message(spawn):
-    with pytest.raises(TypeError, match="module-level function or any picklable callable"):
+def test_lambdas_closures_and_nested_functions_run_on_the_ranks(spawn):
+    offset = 10
+
+    def nested(scale):  # captures `offset` from the test
+        return dist.get_rank() * scale + offset
+
+    assert spawn(lambda: dist.get_rank()) == [0, 1]
+    assert spawn(nested, 3) == [10, 13]
+    assert spawn(lambda t: rank_sum(t) + offset, 1) == [13.0, 13.0]
+
+
+def test_what_cannot_be_sent_is_a_one_line_error_naming_it(spawn):
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"^cannot send test_what_cannot_be_sent_is_a_one_line_"
+                       r"error_naming_it.<locals>.<lambda> to the ranks: cannot pickle "
+                       r"'_thread.lock' object$"):  # fmt: skip
+        spawn(lambda: lock.locked())
+    with pytest.raises(TypeError, match="^cannot send argument 'guard' of rank_sum to the ranks"):
+        spawn(rank_sum, 1, guard=lock)
+
+
+def test_a_lambda_without_cloudpickle_is_a_one_line_error_saying_to_install_it(spawn, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # import cloudpickle -> ImportError
+    with pytest.raises(TypeError, match=r"needs cloudpickle: pip install cloudpickle"):
         spawn(lambda: 1)
+    assert spawn(whoami)[0][:2] == (0, 2), "module-level functions need no cloudpickle"
 
 
 def test_collectives_are_recorded_with_their_signature(spawn):

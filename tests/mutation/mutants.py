@@ -44,6 +44,11 @@ T_LOCAL_FLAGS = "tests/unit/test_local_step_flags.py"
 SLURM, T_SLURM_ENV = "refddp/slurm.py", "tests/unit/test_slurm_environment.py"
 T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
 EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
+FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
+NODES, T_NODES = "refddp/testing/nodes.py", "tests/multiproc/test_harness_nodes.py"
+REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
+PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
+T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 
 MUTANTS = (
     Mutant(
@@ -247,7 +252,7 @@ MUTANTS = (
     ),
     Mutant(
         "fingerprint-never-compared", "collective fingerprint: a real mismatch caught",
-        COLLECTIVES, "if len(set(seen)) > 1:", "if False:",
+        COLLECTIVES, "if extremes[0] != -extremes[1]:", "if False:",
         (f"{T_HARNESS}::test_mismatched_collective_order_fails_naming_both_collectives",),
     ),
     Mutant(
@@ -309,7 +314,8 @@ MUTANTS = (
     Mutant(
         "plugin-imports-torch-at-session-end", "the plugin costs no torch import",
         "refddp/testing/plugin.py",
-        'pool = sys.modules.get("refddp.testing.pool")', "import refddp.testing.pool as pool",
+        'pools = sys.modules.get("refddp.testing.warm_pools")',
+        "import refddp.testing.warm_pools as pools",
         ("tests/unit/test_plugin.py"
          "::test_a_session_without_distributed_tests_never_imports_torch",),
     ),
@@ -690,5 +696,135 @@ MUTANTS = (
         '    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")',
         "    tmp = os.path.abspath(path)",
         (f"{T_EXPORT}::test_a_failed_write_is_one_line_exit_1_and_leaves_nothing_behind",),
+    ),
+    Mutant(
+        "fault-fires-one-collective-early", "a fault fires exactly at collective k", COLLECTIVES,
+        "fault = faults.due_at_collective(_count)", "fault = faults.due_at_collective(_count + 1)",
+        (f"{T_FIRES}[kill]",),
+    ),
+    Mutant(
+        "kill-after-the-collective", "a kill fault SIGKILLs the rank inside its collective",
+        FAULTS, '    if fault.kind == "kill":\n        os.kill(',
+        '    if fault.kind == "kill":\n        call and call()\n        os.kill(',
+        (f"{T_FIRES}[kill]",),
+    ),
+    Mutant(
+        "delay-without-delay", "a delay fault makes a straggler", FAULTS,
+        "time.sleep(fault.value)", "pass",
+        (f"{T_FAULTS}::test_a_delay_makes_rank_k_a_straggler_and_the_test_passes",),
+    ),
+    Mutant(
+        "delay-skips-the-collective", "a delay never fails a test", FAULTS,
+        "    return call() if call is not None else None\n", "    return None\n",
+        (f"{T_FAULTS}::test_a_delay_makes_rank_k_a_straggler_and_the_test_passes",),
+    ),
+    Mutant(
+        "fault-point-ignored", "a fault fires at a named fault_point", FAULTS,
+        "            fire(fault, f\"fault point {name!r}\")", "            pass",
+        (f"{T_FAULTS}::test_a_fault_at_a_named_point_fires_there",),
+    ),
+    Mutant(
+        "unfired-fault-passes", "a fault that never fires fails the test", POOL,
+        "        if unfired:\n", "        if False:\n",
+        (f"{T_FAULTS}::test_a_fault_that_never_fires_fails_the_test",),
+    ),
+    Mutant(
+        "cause-ignores-injected-faults", "the cause is the rank a fault fired on", REPORTS,
+        "by_fault = [r for r in failed if r in fired]", "by_fault = []",
+        (f"{T_FIRES}[kill]",),
+    ),
+    Mutant(
+        "cause-blames-ranks-failing-in-collectives", "a rank failing in a collective is a victim",
+        REPORTS, "outside = [r for r in failed if not _inside(failed[r], slots[r])]",
+        "outside = list(failed)",
+        (f"{T_FAULTS}::test_ranks_that_disagree_on_a_collective_have_no_single_cause",),
+    ),
+    Mutant(
+        "victims-not-listed", "ranks blocked waiting on the cause are listed", REPORTS,
+        "        if reply is None and slot.inside:\n", "        if False:\n",
+        (f"{T_FAULTS}::test_the_rank_that_failed_first_is_named_and_the_ranks_waiting_on_it"
+         "_listed",),
+    ),
+    Mutant(
+        "one-node-dir-for-every-node", "node_tmp_path is shared by one node's ranks only",
+        "refddp/testing/worker.py", "Path(task.node_dirs[ctx.node_rank])", "Path(task.node_dirs[0])",
+        (f"{T_NODES}::test_naming_node_local_files_by_rank_passes_on_one_node_and_fails_on_two",),
+    ),
+    Mutant(
+        "local-rank-is-the-global-rank", "simulated nodes give torchrun's LOCAL_RANK", NODES,
+        '"LOCAL_RANK": str(local),', '"LOCAL_RANK": str(rank),',
+        (f"{T_NODES}::test_each_rank_sees_torchrun_s_variables_for_its_node",),
+    ),
+    Mutant(
+        "one-host-name-for-every-node", "each simulated node has a host name of its own", NODES,
+        "    socket.gethostname = lambda: name\n", "",
+        (f"{T_NODES}::test_each_rank_sees_torchrun_s_variables_for_its_node",),
+    ),
+    Mutant(
+        "uneven-nodes-accepted", "a world size nnodes does not divide is a one-line error", NODES,
+        "    if world_size % nnodes:\n", "    if False:\n",
+        (f"{T_NODES}::test_a_node_count_that_does_not_divide_the_world_is_a_one_line_failure",),
+    ),
+    Mutant(
+        "callables-by-reference-only", "lambdas, closures and nested functions run on ranks",
+        "refddp/testing/payload.py", "        return cloudpickle.dumps((fn, args, kwargs))\n",
+        "        raise TypeError('by reference only')\n",
+        (f"{T_HARNESS}::test_lambdas_closures_and_nested_functions_run_on_the_ranks",),
+    ),
+    Mutant(
+        "misused-fixture-unchecked", "a misused fixture fails that one test at setup",
+        "refddp/testing/plugin.py", "        if problem is not None:\n            pytest.fail(",
+        "        if False:\n            pytest.fail(",
+        ("tests/unit/test_plugin_rank_fixtures.py::test_process_bound_fixture_fails_that_test_at"
+         "_setup_in_one_line_and_the_rest_run[capsys]",),
+    ),
+    Mutant(
+        "replicas-never-compared", "assert_replicas_equal names the tensor and rank", PARITY,
+        "if mine_differs is None and not torch.equal(tensor, theirs):",
+        "if mine_differs is None and False:",
+        (f"{T_PARITY}::test_a_replica_that_differs_names_the_tensor_and_the_rank",),
+    ),
+    Mutant(
+        "float32-compared-exactly", "assert_matches_single_process: dtype-aware tolerances",
+        PARITY, "    torch.float32: (1.3e-6, 1e-5),\n", "    torch.float32: (0.0, 0.0),\n",
+        (f"{T_PARITY}::test_tolerances_follow_the_dtype",),
+    ),
+    Mutant(
+        "testcase-shim-missing", "a MultiProcessTestCase suite moves over by its base class",
+        "refddp/testing/unittest_case.py",
+        "    dist.init_process_group, dist.destroy_process_group = init_process_group, "
+        "destroy_process_group\n", "",
+        (f"{T_PARITY}::test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its"
+         "_base_class",),
+    ),
+    Mutant(
+        "meshes-outlive-their-test", "nothing a test builds reaches the next on a warm pool",
+        "refddp/testing/leftovers.py", "released = refddp_dist.release_meshes()",
+        "released = False",
+        (f"{T_PARITY}::test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next",),
+    ),
+    Mutant(
+        "subgroups-outlive-their-test", "nothing a test builds reaches the next on a warm pool",
+        "refddp/testing/leftovers.py", "        if name in start.groups:\n            continue\n",
+        "        continue\n",
+        (f"{T_PARITY}::test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next",),
+    ),
+    Mutant(
+        "ranks-started-as-fresh-interpreters", "ranks fork from a server that imported torch once",
+        POOL, "        server = rank_server.server()\n", "        server = None\n",
+        ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
+         "_and_are_the_driver_s_children",),
+    ),
+    Mutant(
+        "driver-stays-a-subreaper", "orphans of later tests are not re-parented to pytest",
+        "refddp/testing/rank_server.py", "        finally:\n            _set_subreaper(False)\n",
+        "        finally:\n            pass\n",
+        ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
+         "_and_are_the_driver_s_children",),
+    ),
+    Mutant(
+        "wrapped-victim-blamed", "a rank whose error was raised from a collective's is a victim",
+        COLLECTIVES, "        seen = seen.__cause__ or seen.__context__\n", "        seen = None\n",
+        (f"{T_FAULTS}::test_a_victim_that_wraps_its_collective_s_error_is_still_a_victim",),
     ),
 )

@@ -1,0 +1,178 @@
+"""Faults injected into ranks at an exact point: the k-th collective a rank enters, or a named
+``fault_point`` in user code.
+
+    from refddp.testing import faults
+    spawn(train, faults=[faults.kill(1, at=3)])          # SIGKILL inside rank 1's 3rd collective
+    @pytest.mark.faults(faults.delay(0, "eval", 2.0))   # rank 0 reaches fault_point("eval") late
+
+``at`` counts as the harness's collective record counts (``collectives.py``: every collective
+issued through ``torch.distributed``, from #1 in each task, as "#N" in every report). Under
+fingerprint checking (the default) a fault fires after collective #k's fingerprint exchange, so
+every rank has entered #k and finished all before it; the rank is then inside #k (past its
+fingerprint exchange, before the backend's op), and its peers wait in it: no rank completes #k.
+A fault that fires writes one line to its rank's record file before acting (so a killed rank's
+fault is still reported); the driver reads them to name the cause of a failure, and fails a
+test whose fault never fired. This module imports nothing heavy: ``fault_point`` is called
+from user code, where it is a no-op outside the harness.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+__all__ = ["Fault", "delay", "error", "exit", "fault_point", "hang", "kill"]
+
+
+class Fault(NamedTuple):
+    """One fault: what it does (``kind``), on which ``rank``, and where (``at``)."""
+
+    kind: str  # kill | error | hang | exit | delay
+    rank: int
+    at: int | str  # the k-th collective (1-based), or a fault_point name
+    value: Any = None  # error: the message; exit: the code; delay: seconds
+
+    def where(self) -> str:
+        return f"collective #{self.at}" if isinstance(self.at, int) else f"fault point {self.at!r}"
+
+    def describe(self) -> str:
+        return f"{self.kind} rank {self.rank} at {self.where()}"
+
+
+def _fault(kind: str, rank: int, at: int | str, value: Any = None) -> Fault:
+    if not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"faults.{kind}: rank must be an int >= 0, not {rank!r}")
+    if isinstance(at, bool) or not isinstance(at, int | str) or (isinstance(at, int) and at < 1):
+        raise ValueError(
+            f"faults.{kind}: at must be a collective number >= 1 or a fault_point name, not {at!r}"
+        )
+    return Fault(kind, rank, at, value)
+
+
+def kill(rank: int, at: int | str) -> Fault:
+    """SIGKILL ``rank`` while it is inside collective ``at`` (or at fault point ``at``)."""
+    return _fault("kill", rank, at)
+
+
+def error(rank: int, at: int | str, message: str = "injected error") -> Fault:
+    """Raise ``RuntimeError(message)`` on ``rank`` there."""
+    return _fault("error", rank, at, message)
+
+
+def hang(rank: int, at: int | str) -> Fault:
+    """Block ``rank`` there for good: its peers wait, and the deadline reports it."""
+    return _fault("hang", rank, at)
+
+
+def exit(rank: int, at: int | str, code: int = 1) -> Fault:  # noqa: A001 - the public name
+    """End ``rank``'s process there with exit code ``code``."""
+    return _fault("exit", rank, at, int(code))
+
+
+def delay(rank: int, at: int | str, seconds: float) -> Fault:
+    """A straggler: ``rank`` reaches that point ``seconds`` late, and the collective completes."""
+    return _fault("delay", rank, at, float(seconds))
+
+
+# -- rank side ---------------------------------------------------------------------------------
+
+_armed: list[Fault] = []  # this rank's faults for the current task, not yet fired
+_record_path: str | None = None
+
+
+def record_path_for(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"rank{rank}.faults")
+
+
+def arm(faults: tuple[Fault, ...], rank: int, record_path: str) -> None:
+    """On a rank, at the start of a task: this rank's faults (the others' are ignored)."""
+    global _record_path
+    _armed[:] = [f for f in faults if f.rank == rank]
+    _record_path = record_path
+
+
+def disarm() -> None:
+    _armed.clear()
+
+
+def due_at_collective(count: int) -> Fault | None:
+    """The armed fault for collective #count, taken off the armed list, or None."""
+    for fault in _armed:
+        if fault.at == count:
+            _armed.remove(fault)
+            return fault
+    return None
+
+
+def fire(fault: Fault, where: str, call: Callable[[], Any] | None = None) -> Any:
+    """Act out ``fault`` at ``where`` ("collective #3 all_reduce(...)"). ``call`` runs the
+    collective itself: a delay lets it complete late; the other faults never run it, so no
+    rank completes collective #k (a peer's result never depends on how far a dying rank got)."""
+    with open(_record_path or os.devnull, "a") as record:
+        record.write(f"{fault.kind} rank {fault.rank} at {where}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "error":
+        raise RuntimeError(fault.value)
+    if fault.kind == "exit":
+        os._exit(fault.value)
+    if fault.kind == "hang":
+        threading.Event().wait()
+    if fault.kind == "delay":
+        time.sleep(fault.value)  # the straggler's lateness is the fault itself
+    return call() if call is not None else None
+
+
+def fault_point(name: str) -> None:
+    """A named point where a test may inject a fault (``faults.kill(1, "name")``...).
+
+    A no-op outside the harness, and on ranks with no fault armed for ``name``.
+    """
+    for fault in _armed:
+        if fault.at == name:
+            _armed.remove(fault)
+            fire(fault, f"fault point {name!r}")
+            return
+
+
+# -- driver side -------------------------------------------------------------------------------
+
+
+def fired_faults(workdir: str, world_size: int) -> dict[int, list[str]]:
+    """rank -> the faults it recorded firing in this task ("kill rank 1 at collective #3 ...")."""
+    fired: dict[int, list[str]] = {}
+    for rank in range(world_size):
+        try:
+            with open(record_path_for(workdir, rank)) as f:
+                lines = [ln.strip() for ln in f if ln.strip()]
+        except OSError:
+            continue
+        if lines:
+            fired[rank] = lines
+    return fired
+
+
+def clear_records(workdir: str, world_size: int) -> None:
+    for rank in range(world_size):
+        try:
+            os.unlink(record_path_for(workdir, rank))
+        except FileNotFoundError:
+            pass
+
+
+def never_fired(faults: tuple[Fault, ...], fired: dict[int, list[str]]) -> list[Fault]:
+    """The faults no rank recorded firing."""
+    missing = []
+    for fault in faults:
+        prefix = f"{fault.kind} rank {fault.rank} at {fault.where()}"
+        lines = fired.get(fault.rank, ())
+        if not any(ln == prefix or ln.startswith(prefix + " ") for ln in lines):
+            missing.append(fault)
+    return missing

@@ -1,0 +1,139 @@
+"""Parity assertions (replicas equal, distributed equals one process), DistributedTestCase, and
+nothing a test builds on a warm rank reaching the next test."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from refddp.testing import RankFailure, assert_matches_single_process, assert_replicas_equal
+
+
+def replicas(perturb_rank, name):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    if dist.get_rank() == perturb_rank:
+        with torch.no_grad():
+            dict(model.named_parameters(), **dict(model.named_buffers()))[name].add_(0.5)
+    assert_replicas_equal(model)
+
+
+def test_equal_replicas_pass(spawn):
+    spawn(replicas, None, "", world_size=3)
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("1.weight", "parameter 1.weight"), ("1.running_mean", "buffer 1.running_mean")],
+)
+def test_a_replica_that_differs_names_the_tensor_and_the_rank(spawn, name, said):
+    with pytest.raises(RankFailure) as info:
+        spawn(replicas, 2, name, world_size=3)
+    assert set(info.value.failures) == {0, 1, 2}, "every rank raises the same message"
+    assert (f"AssertionError: replicas differ: {said} on rank(s) [2] is not rank 0's "
+            "(max abs difference 0.5)") in info.value.failures[0]  # fmt: skip
+
+
+def ddp_step_against_one_process(skew):
+    """One DDP step on this rank's shard of a global batch, and one process's step on all of
+    it; ``skew`` plants a bug on rank 1 (a learning rate of its own)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2, dtype=torch.float64)
+    single = copy.deepcopy(model)
+    ddp = DDP(model)
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    shard = slice(dist.get_rank() * 4, dist.get_rank() * 4 + 4)
+    lr = 0.1 + (skew if dist.get_rank() == 1 else 0.0)
+    for m, xs, ys, rate in ((ddp, x[shard], y[shard], lr), (single, x, y, 0.1)):
+        nn.functional.mse_loss(m(xs), ys).backward()
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= rate * p.grad
+    assert_matches_single_process(ddp.module, single)
+
+
+def test_ddp_matches_one_process_on_the_global_batch(spawn):
+    spawn(ddp_step_against_one_process, 0.0)
+
+
+def test_a_rank_that_diverges_from_one_process_is_named(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(ddp_step_against_one_process, 1e-3)
+    said = info.value.failures[0]
+    assert (
+        "does not match one process on the global batch on rank(s) [1]: parameter weight: max abs"
+        in said
+    )
+    assert "(rtol=1e-07, atol=1e-07 for torch.float64)" in said
+
+
+def float32_sum_in_another_order():
+    """A sum reduced across ranks vs one process's: equal up to float32 rounding only."""
+    torch.manual_seed(0)
+    values = torch.rand(1000) * 1000
+    mine = values[dist.get_rank() :: 2].sum()
+    dist.all_reduce(mine)
+    assert_matches_single_process({"sum": mine}, {"sum": values.sum()})
+    assert_matches_single_process({"sum": mine.double()}, {"sum": values.sum().double()},
+                                  rtol=1e-6)  # fmt: skip
+
+
+def test_tolerances_follow_the_dtype(spawn):
+    spawn(float32_sum_in_another_order)
+
+
+# -- nothing leaks between tests on a warm pool ----------------------------------------------
+
+
+def leave_a_mesh_and_a_subgroup():
+    from refddp.dist import device_mesh
+
+    device_mesh("cpu", dist.get_world_size())
+    dist.new_group([0, 1])
+    return len(dist.distributed_c10d._world.pg_names)
+
+
+def what_is_left():
+    from torch.distributed.device_mesh import _mesh_resources
+
+    import refddp.dist
+
+    names = dist.distributed_c10d._world.pg_names
+    return len(refddp.dist._meshes), len(_mesh_resources.mesh_stack), len(names)
+
+
+def test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next(spawn):
+    _, _, groups_before = spawn(what_is_left)[0]
+    pids = spawn(lambda: __import__("os").getpid())
+    assert spawn(leave_a_mesh_and_a_subgroup)[0] > groups_before
+    assert spawn(what_is_left) == [(0, 0, groups_before)] * 2
+    assert spawn(lambda: __import__("os").getpid()) == pids, "cleaned, not recycled"
+    assert spawn(leave_a_mesh_and_a_subgroup)[0] > groups_before, "a new subgroup still works"
+
+
+# -- DistributedTestCase ---------------------------------------------------------------------
+
+
+def run_suite(case):
+    import unittest
+
+    result = unittest.TestResult()
+    unittest.TestLoader().loadTestsFromTestCase(case).run(result)
+    return result
+
+
+def test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its_base_class():
+    from tests.unittest_cases import AllReduceSuite, DefaultWorldSuite
+
+    result = run_suite(AllReduceSuite)
+    assert result.testsRun == 3
+    assert [t._testMethodName for t, _ in result.failures] == ["test_fails_on_rank_1"]
+    said = result.failures[0][1]
+    assert "rank 1 failed first: AssertionError: " in said and "rank 1 disagrees" in said
+    assert [(t._testMethodName, why) for t, why in result.skipped] == [("test_skipped", "not here")]
+    assert not result.errors
+    default = run_suite(DefaultWorldSuite)
+    assert default.wasSuccessful() and default.testsRun == 1, "4 ranks, as MultiProcessTestCase"
