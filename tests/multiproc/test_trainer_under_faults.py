@@ -33,9 +33,10 @@ def test_a_rank_killed_inside_a_checkpoint_gather_keeps_the_last_checkpoint_and_
 ):
     straight = spawn(fit, str(tmp_path / "straight"), **FLAGS)[0]
     log = spawn(fit_recording_collectives, str(tmp_path / "recorded"), **FLAGS)[0]["log"]
-    # The 1st all_gather_object is the resume check, the 2nd the step-4 save's gather of every
-    # rank's RNG state; the 3rd is the next save's: kill rank 1 inside it.
-    k = nth(log, "all_gather_object()", 3)
+    # Each save gathers every rank's RNG state and loss (an all_gather_object): the saves at
+    # steps 4, 8, ..., 24 make the last six of the run's. Kill rank 1 inside the step-8 save's.
+    gathers = [k for k, s in enumerate(log, 1) if s == "all_gather_object()"]
+    k = gathers[-6:][1]
     out = tmp_path / "run"
     with pytest.raises(RankFailure) as info:
         spawn(fit, str(out), **FLAGS, faults=[faults.kill(1, k)], timeout=60)
@@ -62,7 +63,8 @@ def test_a_straggler_during_evaluation_changes_nothing_and_trips_no_watchdog(spa
     flags = {"epochs": 2, "timeout": 4.0}
     straight = spawn(fit_watched, str(tmp_path / "straight"), flags)
     log = spawn(fit_recording_collectives, str(tmp_path / "recorded"), **flags)[0]["log"]
-    k = nth(log, "all_reduce((4,):float64, SUM)", 1)  # the first evaluation's metric sums
+    # The first evaluation's sums: the objective's four, samples and the stop flag.
+    k = nth(log, "all_reduce((6,):float64, SUM)", 1)
     late = spawn(fit_watched, str(tmp_path / "late"), flags, faults=[faults.delay(1, k, 1.5)])
     results = ("epoch", "step", "train_loss", "val_loss", "val_acc")  # not times or memory
     same = [{k: r["metrics"][k] for k in results} for r in (late[0], straight[0])]
