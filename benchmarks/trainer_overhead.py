@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", default="demo,large,gpt2")
     parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--name", default="trainer_overhead", help="results/NAME.json")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     results, rows = [], []
@@ -92,7 +93,7 @@ def main() -> None:
                 )
                 print(rows[-1], flush=True)
     header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
-    write("trainer_overhead", results, "\n".join([header, *rows]), load_before)
+    write(args.name, results, "\n".join([header, *rows]), load_before)
 
 
 if __name__ == "__main__":
