@@ -17,16 +17,20 @@ from typing import Any
 
 import yaml
 
-from refddp import checkpoint_formats
+from refddp import checkpoint_formats, trackers
 
 
 class ConfigError(ValueError):
     """A user error in the configuration: printed as one line, exit code 2."""
 
 
-def _opt(default: Any, help: str, choices: tuple = (), inherit: bool = True) -> Any:
+def _opt(
+    default: Any, help: str, choices: tuple = (), inherit: bool = True, items: tuple = ()
+) -> Any:
     # inherit=False: describes this invocation, not the run, so never taken from a checkpoint.
-    return field(default=default, metadata={"help": help, "choices": choices, "inherit": inherit})
+    # items: a comma-separated list (a YAML list too) of these choices.
+    return field(default=default, metadata={"help": help, "choices": choices, "inherit": inherit,
+                                            "items": items})  # fmt: skip
 
 
 @dataclass
@@ -141,6 +145,26 @@ class TrainConfig:
         "FSDP with SGD), now on the CPU, where a host read is free",
         ("auto", "now", "late"),
     )
+    log_to: str = _opt(
+        "jsonl",
+        "where rank 0 sends the metrics, comma-separated (in YAML, a list works too): jsonl "
+        "(history.jsonl, always on), tensorboard (event files in OUT/tensorboard/; the "
+        "tensorboard extra), wandb (OUT/wandb/, offline unless WANDB_MODE or a W&B login says "
+        "otherwise; the wandb extra)",
+        items=trackers.NAMES,
+    )
+    log_every: int = _opt(
+        10,
+        "steps between training-loss and learning-rate points sent to tensorboard/wandb (the "
+        "loss rides the step flags: no host sync); 0: evaluations only",
+    )
+    profile: str = _opt(
+        "",
+        "START:END: a torch.profiler trace of optimizer steps START to END (inclusive) per "
+        "rank in OUT/profile/rankN.json (Chrome/Perfetto), with shapes and memory; on CUDA "
+        "also a memory snapshot (rankN_memory.pickle); empty: off",
+        inherit=False,
+    )
     progress: bool = _opt(True, "rank-0 progress bar", inherit=False)
     log_all_ranks: bool = _opt(False, "every rank logs, prefixed with [rank N]", inherit=False)
     timeout: float = _opt(
@@ -192,6 +216,8 @@ def _coerce(name: str, value: Any) -> Any:
     """Check one raw value (from YAML or a checkpoint) against its field's type and choices."""
     f = FIELDS[name]
     kind = _field_type(f)
+    if f.metadata["items"] and isinstance(value, list | tuple):  # a YAML list
+        value = ",".join(str(v) for v in value)
     if kind in (int, float) and isinstance(value, str):
         value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -203,7 +229,17 @@ def _coerce(name: str, value: Any) -> Any:
     choices = f.metadata["choices"]
     if choices and value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    items = f.metadata["items"]
+    for item in list_items(value) if items else ():
+        if item not in items:
+            raise ConfigError(f"{name}: {item!r} is not one of {', '.join(items)}")
     return value
+
+
+def list_items(value: str) -> list[str]:
+    """A comma-separated list field's items, in order, without blanks or repeats."""
+    found = [item.strip() for item in value.split(",")]
+    return list(dict.fromkeys(item for item in found if item))
 
 
 def check_keys(keys: Any, source: str) -> None:
@@ -321,6 +357,7 @@ def validate(c: TrainConfig) -> None:
         "ckpt_every",
         "eval_every",
         "stop_after",
+        "log_every",
         "weight_decay",
         "grad_clip",
         "momentum",
@@ -356,6 +393,8 @@ def validate(c: TrainConfig) -> None:
             "flags_read: late needs a fused optimizer, and torch has no fused SGD for "
             "--strategy fsdp's sharded parameters; use --optimizer adamw or flags_read now"
         )
+    if c.profile:
+        profile_window(c.profile)
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not _is_checkpoint_path(c.resume):
@@ -367,6 +406,21 @@ def validate(c: TrainConfig) -> None:
             f"init_from: expected a .pt/.pth checkpoint file or a .dcp directory, "
             f"got {c.init_from!r}"
         )
+
+
+def profile_window(spec: str) -> tuple[int, int]:
+    """``--profile START:END`` as (START, END): optimizer steps, 1 <= START <= END."""
+    start, sep, end = spec.partition(":")
+    try:
+        window = (int(start), int(end)) if sep else None
+    except ValueError:
+        window = None
+    if window is None or not 1 <= window[0] <= window[1]:
+        raise ConfigError(
+            f"profile: expected START:END, optimizer steps with 1 <= START <= END (say 5:8), "
+            f"got {spec!r}"
+        )
+    return window
 
 
 def _is_checkpoint_path(path: str) -> bool:

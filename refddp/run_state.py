@@ -59,7 +59,8 @@ ON_RESUME = {
     **dict.fromkeys(
         "device epochs max_steps grad_accum lr momentum weight_decay lr_schedule warmup_steps "
         "grad_clip num_workers deterministic find_unused_parameters compile ckpt_every "
-        "eval_every on_nonfinite flags_read timeout strategy ckpt_format metrics".split(),
+        "eval_every on_nonfinite flags_read timeout strategy ckpt_format metrics log_to "
+        "log_every".split(),
         APPLIED,
     ),
 }
