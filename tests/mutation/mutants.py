@@ -43,7 +43,7 @@ T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objec
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
 STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
 PROFILER, T_PROFILER = "refddp/profiler.py", "tests/multiproc/test_profiler.py"
-T_TRACKER_UNITS = "tests/unit/test_trackers.py"
+T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 
 MUTANTS = (
     Mutant(
