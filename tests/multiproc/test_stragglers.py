@@ -28,8 +28,3 @@ def test_a_rank_persistently_slower_is_named_in_history_and_warned_about(spawn, 
                                 f"{PERSISTENT} evaluations in a row")  # fmt: skip
     assert found[1]["records"] == [] and found[1]["warnings"] == [], "rank 0 reports"
 
-
-def test_ranks_alike_name_no_straggler(spawn, tmp_path):
-    found = spawn(fit_with_a_slow_rank, str(tmp_path / "run"), None, 0.0, eval_every=4)
-    records = found[0]["records"]
-    assert all(r["straggler_lag_s"] < DELAY_S / 4 for r in records), records
