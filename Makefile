@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint,examples,export]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint,examples,export,tensorboard,wandb]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -2,6 +2,7 @@
 and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks.
 
     python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large,gpt2] [--ranks 1,2]
+                                          [--log-to tensorboard] [--name NAME]
 
 For each (model, ranks) the three run interleaved, in a rotating order, so drift in machine
 load hits all alike. Reported per run: steady-state training samples/s (refddp: from its
@@ -9,6 +10,11 @@ history.jsonl; the baselines count their own) and wall time of the whole command
 training, per-epoch evaluation and checkpoint); for gpt2 the throughput is target tokens/s
 (the "samples_per_s" keys then hold tokens). Goal (issues 13 and 21): refddp >= 0.97x the plain
 loop's throughput on every model at 1 and 2 ranks, and ahead of Accelerate.
+
+``--log-to tensorboard`` (or ``wandb``, or both, comma-separated) adds a fourth runner,
+``refddp+tracker``: the same refddp command with those trackers on (``--log-every`` at its
+default), interleaved with the three others, so the trackers' cost is measured against the
+same plain loop at the same moments.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ from overhead_job import MODELS, Job, steady_samples_per_s  # noqa: E402
 from record import write  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-RUNNERS = ("plain", "accelerate", "refddp")
+BASE_RUNNERS = ("plain", "accelerate", "refddp")
+TRACKED = "refddp+tracker"  # refddp with --log-to (this benchmark's --log-to)
 
 
-def command(runner: str, job: Job, ranks: int, out: str) -> list[str]:
-    if runner == "refddp":
+def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "") -> list[str]:
+    if runner in ("refddp", TRACKED):
+        trackers = ["--log-to", log_to] if runner == TRACKED else []
         return [sys.executable, "-m", "refddp.train", "--nproc", str(ranks), "--no-progress",
-                "--resume", "never", "--out", out, *job.refddp_flags()]  # fmt: skip
+                "--resume", "never", "--out", out, *job.refddp_flags(), *trackers]  # fmt: skip
     script = os.path.join(HERE, f"{'plain_ddp' if runner == 'plain' else 'accelerate'}_loop.py")
     launcher = [sys.executable]
     if ranks > 1:
@@ -42,14 +50,14 @@ def command(runner: str, job: Job, ranks: int, out: str) -> list[str]:
     return [*launcher, script, "--model", job.model, "--out", out]
 
 
-def run_once(runner: str, job: Job, ranks: int, out: str) -> dict[str, float]:
+def run_once(runner: str, job: Job, ranks: int, out: str, log_to: str) -> dict[str, float]:
     begin = time.perf_counter()
-    proc = subprocess.run(command(runner, job, ranks, out), env=ENV, cwd=os.path.dirname(HERE),
+    proc = subprocess.run(command(runner, job, ranks, out, log_to), env=ENV, cwd=os.path.dirname(HERE),
                           capture_output=True, text=True, check=False)  # fmt: skip
     wall = time.perf_counter() - begin
     if proc.returncode != 0:
         raise SystemExit(f"{runner} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    if runner == "refddp":
+    if runner in ("refddp", TRACKED):
         key = "targets_per_s" if job.tokens else "samples_per_s"
         samples_per_s = steady_samples_per_s(os.path.join(out, "history.jsonl"), key)
     else:
@@ -64,7 +72,9 @@ def main() -> None:
     parser.add_argument("--models", default="demo,large,gpt2")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--name", default="trainer_overhead", help="results/NAME.json")
+    parser.add_argument("--log-to", default="", help="also run refddp with these trackers on")
     args = parser.parse_args()
+    runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ())
     load_before = os.getloadavg()[0]
     results, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,24 +82,29 @@ def main() -> None:
             assert model in MODELS, model
             for ranks in map(int, args.ranks.split(",")):
                 job = Job(model)
-                runs: dict[str, list[dict[str, float]]] = {r: [] for r in RUNNERS}
+                runs: dict[str, list[dict[str, float]]] = {r: [] for r in runners}
                 for i in range(args.repeats):
-                    order = RUNNERS[i % 3 :] + RUNNERS[: i % 3]
+                    turn = i % len(runners)
+                    order = runners[turn:] + runners[:turn]
                     for runner in order:
                         out = os.path.join(tmp, f"{model}-{ranks}-{runner}-{i}")
-                        runs[runner].append(run_once(runner, job, ranks, out))
+                        runs[runner].append(run_once(runner, job, ranks, out, args.log_to))
                 med = {
                     r: {k: statistics.median(x[k] for x in runs[r]) for k in ("samples_per_s", "wall_s")}
-                    for r in RUNNERS
+                    for r in runners
                 }
                 entry = {"model": model, "ranks": ranks, "median": med, "runs": runs,
                          "throughput_vs_plain": med["refddp"]["samples_per_s"] / med["plain"]["samples_per_s"],
                          "throughput_vs_accelerate": med["refddp"]["samples_per_s"] / med["accelerate"]["samples_per_s"]}  # fmt: skip
+                if args.log_to:
+                    entry["log_to"] = args.log_to
+                    entry["tracked_throughput_vs_plain"] = med[TRACKED]["samples_per_s"] / med["plain"]["samples_per_s"]
                 results.append(entry)
                 rows.append(
                     f"{model:6} {ranks} rank(s) | "
-                    + " | ".join(f"{r} {med[r]['samples_per_s']:8.0f}/s {med[r]['wall_s']:5.1f} s" for r in RUNNERS)
+                    + " | ".join(f"{r} {med[r]['samples_per_s']:8.0f}/s {med[r]['wall_s']:5.1f} s" for r in runners)
                     + f" | refddp/plain {entry['throughput_vs_plain']:.3f}x, /accelerate {entry['throughput_vs_accelerate']:.3f}x"
+                    + (f", {TRACKED} ({args.log_to})/plain {entry['tracked_throughput_vs_plain']:.3f}x" if args.log_to else "")
                 )
                 print(rows[-1], flush=True)
     header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from refddp import checkpoint_formats
+from refddp import checkpoint_formats, trackers
 
 
 class ConfigError(ValueError):
@@ -45,6 +45,7 @@ def _opt(
     unit: str = "",
     imports: bool = False,
     joined: bool = False,
+    items: tuple = (),
 ) -> Any:
     """One option and its whole policy, declared where the option is.
 
@@ -53,12 +54,13 @@ def _opt(
     names the bound's unit in the error). ``imports``: the value may name code to import
     (``package.module:callable``): never imported when only a checkpoint names it.
     ``joined``: used to join the process group, so every rank must be given the same value
-    (``refddp.train.take_rank0_run_config``).
+    (``refddp.train.take_rank0_run_config``). ``items``: the value is a comma-separated list
+    (in YAML, a list works too) of these choices.
     """
     assert resume in (APPLIED, REFUSED, DERIVED, INVOCATION), resume
     policy = {"help": help, "choices": choices, "resume": resume, "at_least": at_least,
               "above": above, "below": below, "unit": unit, "imports": imports,
-              "joined": joined}  # fmt: skip
+              "joined": joined, "items": items}  # fmt: skip
     return field(default=default, metadata=policy)
 
 
@@ -255,6 +257,29 @@ class TrainConfig:
     log_all_ranks: bool = _opt(
         False, "every rank logs, prefixed with [rank N]", resume=INVOCATION
     )
+    log_to: str = _opt(
+        "jsonl",
+        "where rank 0 sends the metrics, comma-separated (in YAML, a list works too): jsonl "
+        "(history.jsonl, always on), tensorboard (event files in OUT/tensorboard/; the "
+        "tensorboard extra), wandb (OUT/wandb/, offline unless WANDB_MODE or a W&B login says "
+        "otherwise; the wandb extra)",
+        items=trackers.NAMES,
+        resume=APPLIED,
+    )
+    log_every: int = _opt(
+        10,
+        "steps between training-loss and learning-rate points sent to tensorboard/wandb (the "
+        "loss rides the step flags: no host sync); 0: evaluations only",
+        resume=APPLIED,
+        at_least=0,
+    )
+    profile: str = _opt(
+        "",
+        "START:END: a torch.profiler trace of optimizer steps START to END (inclusive) per "
+        "rank in OUT/profile/rankN.json (Chrome/Perfetto), with shapes and memory; on CUDA "
+        "also a memory snapshot (rankN_memory.pickle); empty: off",
+        resume=INVOCATION,
+    )
     timeout: float = _opt(
         300.0,
         "seconds without progress before a rank is declared hung "
@@ -313,6 +338,8 @@ def _coerce(name: str, value: Any) -> Any:
     """Check one raw value (from YAML or a checkpoint) against its field's type and choices."""
     f = FIELDS[name]
     kind = _field_type(f)
+    if f.metadata["items"] and isinstance(value, list | tuple):  # a YAML list
+        value = ",".join(str(v) for v in value)
     if kind in (int, float) and isinstance(value, str):
         value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -324,7 +351,17 @@ def _coerce(name: str, value: Any) -> Any:
     choices = f.metadata["choices"]
     if choices and value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    items = f.metadata["items"]
+    for item in list_items(value) if items else ():
+        if item not in items:
+            raise ConfigError(f"{name}: {item!r} is not one of {', '.join(items)}")
     return value
+
+
+def list_items(value: str) -> list[str]:
+    """A comma-separated list field's items, in order, without blanks or repeats."""
+    found = [item.strip() for item in value.split(",")]
+    return list(dict.fromkeys(item for item in found if item))
 
 
 def check_keys(keys: Any, source: str) -> None:
@@ -425,6 +462,41 @@ def validate(c: TrainConfig) -> None:
         _coerce(name, getattr(c, name))
     for name, f in FIELDS.items():
         _check_bounds(name, getattr(c, name), f.metadata)
+
+
+    positive = ("train_size", "val_size", "input_dim", "hidden_size", "batch_size", "grad_accum")
+    for name in positive:
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {getattr(c, name)}")
+    non_negative = (
+        "nproc",
+        "max_restarts",
+        "depth",
+        "epochs",
+        "max_steps",
+        "global_batch_size",
+        "warmup_steps",
+        "num_workers",
+        "ckpt_every",
+        "eval_every",
+        "stop_after",
+        "log_every",
+        "weight_decay",
+        "grad_clip",
+        "momentum",
+        "augment",
+    )
+    for name in non_negative:
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
+    if c.num_classes < 2:
+        raise ConfigError(f"num_classes: must be >= 2, got {c.num_classes}")
+    if not 0 <= c.dropout < 1:
+        raise ConfigError(f"dropout: must be in [0, 1), got {c.dropout}")
+    if not c.lr > 0:
+        raise ConfigError(f"lr: must be > 0, got {c.lr}")
+    if not c.timeout > 0:
+        raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
     if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
         raise ConfigError("epochs: must be >= 1 unless max_steps is set")
     if c.strategy == "fsdp" and c.amp == "fp16":
@@ -444,6 +516,8 @@ def validate(c: TrainConfig) -> None:
             "flags_read: late needs a fused optimizer, and torch has no fused SGD for "
             "--strategy fsdp's sharded parameters; use --optimizer adamw or flags_read now"
         )
+    if c.profile:
+        profile_window(c.profile)
     if c.amp != "off" and c.dtype == "float64":
         raise ConfigError(f"amp: {c.amp} needs dtype float32, got dtype float64")
     if c.resume not in ("auto", "never") and not _is_checkpoint_path(c.resume):
@@ -466,6 +540,21 @@ def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
         raise ConfigError(f"{name}: must be >= {low}, got {value}")
     if above is not None and not value > above:
         raise ConfigError(f"{name}: must be > {above}{policy['unit']}, got {value}")
+
+
+def profile_window(spec: str) -> tuple[int, int]:
+    """``--profile START:END`` as (START, END): optimizer steps, 1 <= START <= END."""
+    start, sep, end = spec.partition(":")
+    try:
+        window = (int(start), int(end)) if sep else None
+    except ValueError:
+        window = None
+    if window is None or not 1 <= window[0] <= window[1]:
+        raise ConfigError(
+            f"profile: expected START:END, optimizer steps with 1 <= START <= END (say 5:8), "
+            f"got {spec!r}"
+        )
+    return window
 
 
 def _is_checkpoint_path(path: str) -> bool:

@@ -29,6 +29,8 @@ def _valid(f: dataclasses.Field) -> str:
     policy, parts = f.metadata, []
     if policy["choices"]:
         parts.append(" / ".join(f"`{c}`" for c in policy["choices"]))
+    if policy["items"]:
+        parts.append("a comma-separated list of " + ", ".join(f"`{i}`" for i in policy["items"]))
     low, above, below = policy["at_least"], policy["above"], policy["below"]
     if below is not None:
         parts.append(f"[{low}, {below})")

@@ -2,18 +2,21 @@
 
 Every rank reports in; a monitored barrier names any rank that does not arrive; all-reduce
 latency and bandwidth are measured; the shards a training config would give each rank are
-checked for emptiness, unevenness and padding. Prints a per-rank table (or ``--json``) and
-exits non-zero, with the reason, when something is wrong.
+checked for emptiness, unevenness and padding; a few training steps of that config are timed
+on every rank (its compute and data wait: who would hold the others back). Prints a per-rank
+table (or ``--json``) and exits non-zero, with the reason, when something is wrong.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -24,6 +27,7 @@ from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli,
 from refddp.data import build_datasets
 from refddp.dist import end_process, init_distributed, rank0_then_meet, teardown, under_torchrun
 from refddp.launch import launch
+from refddp.stragglers import straggler_fields
 
 ENV_VARS = (
     "MASTER_ADDR",
@@ -144,6 +148,41 @@ def _model_report(c: TrainConfig, ctx: Any) -> dict[str, Any]:
     }
 
 
+def _step_report(c: TrainConfig, ctx: Any, steps: int) -> dict[str, Any]:
+    """Each rank's time per training step of ``c`` over ``steps`` steps, after one to warm up
+    (optimizer state, DDP's buckets): the step itself, which every rank spends waiting for the
+    slowest, and its own compute and data wait, which say who that is."""
+    from refddp.trainer import Trainer
+    from refddp.window import Window
+
+    with tempfile.TemporaryDirectory() as out:  # the trial run's files (rank 0's config.yaml)
+        trial = dataclasses.replace(c, task="train", out=out, resume="never", init_from="",
+                                    log_to="jsonl", profile="", progress=False)  # fmt: skip
+        trainer = Trainer(trial, ctx)
+        batches = trainer.epoch_batches()
+        steps = min(steps, trainer.sampler.steps_per_epoch - 1)
+        trainer.train_step(batches)
+        trainer.settle()
+        trainer.window = Window.open(trainer.device)
+        started = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step(batches)
+        trainer.settle()
+        step_s = (time.perf_counter() - started) / steps
+        compute, data_wait, _ = trainer.window.rank_times()
+        del batches, trainer
+    mine = [step_s, compute / steps, data_wait / steps]
+    per_rank: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(per_rank, mine)
+    summed = [r[1] for r in per_rank] + [r[2] for r in per_rank]  # stragglers' layout
+    return {
+        "steps": steps,
+        "per_rank": [{"rank": r, "step_ms": t[0] * 1e3, "compute_ms": t[1] * 1e3,
+                      "data_wait_ms": t[2] * 1e3} for r, t in enumerate(per_rank)],  # fmt: skip
+        **straggler_fields(summed),
+    }
+
+
 def roll_call(timeout_s: float) -> None:
     """Every rank reports in; the ranks that do not arrive within ``timeout_s`` are named.
 
@@ -163,7 +202,9 @@ def roll_call(timeout_s: float) -> None:
             dist.destroy_process_group(side)
 
 
-def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, Any]:
+def check(
+    c: TrainConfig, barrier_timeout_s: float, repeats: int, steps: int = 5
+) -> dict[str, Any]:
     """Run every check on this rank; the gathered result is complete on every rank."""
     ctx = init_distributed(c.device, timeout_s=max(barrier_timeout_s * 4, 60))
     device = torch.device(ctx.device)
@@ -175,6 +216,7 @@ def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, A
     shards = _shard_report(c)
     problems += shards["problems"]
     model = _model_report(c, ctx)
+    timed = _step_report(c, ctx, steps) if shards["steps_per_epoch"] > steps and steps else None
     hosts = {r["host"] for r in reports}
     if c.device != "cpu" and torch.cuda.is_available():
         devices = [(r["host"], r["device"]) for r in reports]
@@ -189,6 +231,7 @@ def check(c: TrainConfig, barrier_timeout_s: float, repeats: int) -> dict[str, A
         "all_reduce": timings,
         "shards": shards,
         "model": model,
+        "step_times": timed,
         "problems": problems,
     }
     return result  # still in the group: main prints the report, then every rank leaves
@@ -240,10 +283,26 @@ def format_table(result: dict[str, Any]) -> str:
             )
         ),
     ]
+    lines += _format_step_times(result.get("step_times"))
     env = result["ranks"][0]["env"]
     lines += ["", "environment (rank 0): " + (", ".join(f"{k}={v}" for k, v in env.items()) or "-")]
     lines += [""] + ([f"PROBLEM: {p}" for p in result["problems"]] or ["OK: no problems found"])
     return "\n".join(lines)
+
+
+def _format_step_times(timed: dict[str, Any] | None) -> list[str]:
+    if not timed:
+        return []
+    lines = ["", f"training steps ({timed['steps']} timed after one to warm up; every rank "
+             "waits for the slowest, whose compute + data wait is the largest):"]  # fmt: skip
+    lines += [f"  rank {r['rank']}: step {r['step_ms']:.2f} ms, compute {r['compute_ms']:.2f} ms, "
+              f"data wait {r['data_wait_ms']:.2f} ms" for r in timed["per_rank"]]  # fmt: skip
+    if "slowest_rank" in timed:
+        lines.append(
+            f"  slowest: rank {timed['slowest_rank']}, {timed['straggler_lag_s'] * 1e3:+.2f} ms "
+            f"per step ({timed['straggler_lag_share']:+.0%}) against the median of the others"
+        )
+    return lines
 
 
 ARGV_ENV = "REFDDP_DOCTOR_ARGV"  # the launcher's command line, as JSON, for its ranks
@@ -266,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=20, help="all-reduces timed per size")
     parser.add_argument(
+        "--steps", type=int, default=5, help="training steps timed per rank (0: none)"
+    )
+    parser.add_argument(
         "--config",
         help="training YAML whose data/batch settings to check; "
         "training flags (--batch-size, --data, ...) work too",
@@ -283,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
         return launch("refddp.doctor", {ARGV_ENV: json.dumps(argv)}, nproc, 0, c.out, job="doctor")
     try:
-        result = check(c, args.barrier_timeout, args.repeats)
+        result = check(c, args.barrier_timeout, args.repeats, args.steps)
         # Before any rank leaves: a rank that exits 1 (problems found) makes the launcher stop
         # the others, and rank 0 must have printed the report by then.
         report = json.dumps(result, indent=2) if args.json else format_table(result)

@@ -15,6 +15,7 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,7 @@ class Parallel:
         """The flags the next gradient all-reduce carries (set before the last backward)."""
         self._flags.local = flags
         self._flags.agreed = None
+        self._flags.ready_at = None
 
     def agree(self, flags: torch.Tensor) -> torch.Tensor:
         """Summed over ranks: taken from the gradient all-reduce if it carried ``flags``."""
@@ -94,6 +96,13 @@ class Parallel:
             optimizer.load_state_dict(optimizer_state)
 
     @property
+    def gradients_ready_at(self) -> float | None:
+        """When this rank's backward last handed DDP a bucket (``time.perf_counter``): its
+        gradients were all ready then, whatever it waited for other ranks after. None where
+        nothing is all-reduced in buckets (one process, FSDP)."""
+        return self._flags.ready_at
+
+    @property
     def gradient_all_reduces(self) -> int:
         """Gradient buckets all-reduced so far: one per bucket per synchronised step."""
         return self._flags.all_reduces
@@ -111,6 +120,7 @@ class _FlagHook:
         self.local: torch.Tensor | None = None
         self.agreed: torch.Tensor | None = None
         self.all_reduces = 0  # gradient buckets all-reduced so far (what no_sync saves)
+        self.ready_at: float | None = None  # when the last bucket was handed over
 
 
 def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
@@ -124,6 +134,7 @@ def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
     """
     world = dist.get_world_size()
     state.all_reduces += 1
+    state.ready_at = time.perf_counter()  # this rank's compute for the bucket is done
     grads = bucket.buffer().div_(world)
     if state.local is None or bucket.index() != 0:
         fut = dist.all_reduce(grads, async_op=True).get_future()

@@ -1,11 +1,12 @@
 """What every rank must agree on after each step: a non-finite loss anywhere, a stop signal.
 
-Each rank builds ``[non-finite loss, target count (two parts), one flag per stop signal]`` on
-the device (the signals are ``StopRequest.SIGNALS``: SIGTERM, SIGINT, and SIGUSR1, which SLURM
-sends before a job's time limit with ``--signal=USR1@SECONDS``); the flags ride the step's
-gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and takes the
-same branch, and knows the step's global target count, the loss's normaliser
-(``refddp/trainer.py``). When the host reads them is ``flags_read``:
+Each rank builds ``[non-finite loss, target count (two parts), one flag per stop signal, loss
+sum]`` on the device (the signals are ``StopRequest.SIGNALS``: SIGTERM, SIGINT, and SIGUSR1,
+which SLURM sends before a job's time limit with ``--signal=USR1@SECONDS``); the flags ride
+the step's gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and
+takes the same branch, and knows the step's global target count, the loss's normaliser
+(``refddp/trainer.py``), and its global loss sum: the trackers' training loss, read with the
+flags and never on its own. When the host reads them is ``flags_read``:
 
 - ``now``: before the optimizer step. Skip or step is a host decision, one host sync per step
   (free on CPU, where nothing runs ahead of the host).
@@ -24,6 +25,7 @@ same branch, and knows the step's global target count, the loss's normaliser
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -83,11 +85,17 @@ COUNT_PART = 4096
 
 class Agreed(NamedTuple):
     """What every rank learns of a step: a non-finite loss anywhere, the stop signal (0: none),
-    and the global batch's target count."""
+    the global batch's target count and loss sum (float32: for the trackers' curves)."""
 
     nonfinite: bool
     signal: int
     targets: float
+    loss_sum: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        """The step's loss: the mean over the global batch's targets."""
+        return self.loss_sum / self.targets if self.targets else math.nan
 
 
 class Verdict(NamedTuple):
@@ -112,7 +120,7 @@ class StepFlags:
         }  # fmt: skip
         self._zero = torch.zeros(1, device=device)
         pinned = device.type == "cuda"
-        self._host = torch.empty(3 + len(StopRequest.SIGNALS), dtype=torch.float32,
+        self._host = torch.empty(4 + len(StopRequest.SIGNALS), dtype=torch.float32,
                                  pin_memory=pinned)  # fmt: skip
         # blocking: the host sleeps while it waits for the copy (a spin would take a core
         # from the data loader for up to a step)
@@ -130,18 +138,19 @@ class StepFlags:
     def local(
         self, step_loss: torch.Tensor | None = None, targets: torch.Tensor | int = 0
     ) -> torch.Tensor:
-        """This rank's [non-finite loss, target count (high, low), stop signals], built on the
-        device (no host sync).
+        """This rank's [non-finite loss, target count (high, low), stop signals, loss sum],
+        built on the device (no host sync).
 
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
         stop = self._by_signal[self.stop.signal]
-        nonfinite = self._zero if step_loss is None else (step_loss.detach().view(1) * 0).float()
+        loss = self._zero if step_loss is None else step_loss.detach().view(1)
+        nonfinite = (loss * 0).float()
         targets = torch.as_tensor(targets, device=nonfinite.device).view(1)
         parts = torch.cat([targets.div(COUNT_PART, rounding_mode="floor"),
                            targets.remainder(COUNT_PART)]).float()  # fmt: skip
-        return torch.cat([nonfinite, parts, stop])
+        return torch.cat([nonfinite, parts, stop, loss.float()])
 
     @staticmethod
     def targets(agreed: torch.Tensor) -> torch.Tensor:
@@ -206,7 +215,7 @@ class StepFlags:
 
 
 def _decode(values: list[float]) -> Agreed:
-    nonfinite, high, low, *signals = values
+    nonfinite, high, low, *signals, loss_sum = values
     signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, signals, strict=True)
                    if raised), 0)  # fmt: skip
-    return Agreed(bool(nonfinite), signum, high * COUNT_PART + low)
+    return Agreed(bool(nonfinite), signum, high * COUNT_PART + low, loss_sum)

@@ -18,11 +18,12 @@ import torch
 import torch.distributed as dist
 
 from refddp import checkpoint as ckpt
-from refddp import run_state
+from refddp import run_state, trackers
 from refddp.config import (
     JOINED_WITH,
     ConfigError,
     TrainConfig,
+    list_items,
     load_yaml,
     merge,
     parse_cli,
@@ -89,6 +90,9 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         )
     if resumed is not None and c.task == "train":
         run_state.check_global_batch(c, world_size, resumed[1], resumed[0])
+    if c.task == "train":
+        for name in list_items(c.log_to):  # an optional package missing: one line, now
+            trackers.tracker_class(name).check_installed()
     batch = per_rank_batch_size(c, world_size)
     if c.data == "synthetic":  # nothing to check but sizes; the ranks generate it
         n_train, n_val = c.train_size, c.val_size

@@ -8,7 +8,6 @@ checkpoint holds and how it is restored lives in ``checkpoint.py``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,7 +23,7 @@ from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
 from refddp import checkpoint_formats, run_state
-from refddp.config import ConfigError, TrainConfig, per_rank_batch_size, save_yaml
+from refddp.config import ConfigError, TrainConfig, list_items, per_rank_batch_size, save_yaml
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, rank0_then_meet
 from refddp.evaluation import agreed_objective, autocast, evaluate
@@ -32,8 +31,11 @@ from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.objectives.batches import to_device
 from refddp.parallel import build_parallel, local_tensor
+from refddp.profiler import StepProfiler
 from refddp.step_flags import Agreed, NonFiniteLoss, StepFlags, StopRequest, reads_late
+from refddp.stragglers import StragglerWatch, straggler_fields, times_vector
 from refddp.sync_batchnorm import convert_sync_batchnorm
+from refddp.trackers.base import Run, Trackers
 from refddp.watchdog import HangWatchdog
 from refddp.window import Window
 
@@ -67,12 +69,6 @@ def sync_buffers(model: nn.Module) -> None:
         dist.broadcast(buffer, src=0)
 
 
-def _append_history(c: TrainConfig, record: dict[str, Any]) -> None:
-    path = os.path.join(c.out, "history.jsonl")
-    with ckpt.writing(path), open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def describe_record(record: dict[str, Any], sequence: bool) -> str:
     """An evaluation's log line: the losses, the validation metrics that apply, throughput."""
     parts = [f"train_loss {record['train_loss']:.4f}", f"val_loss {record['val_loss']:.4f}"]
@@ -92,19 +88,6 @@ def prepare_run_dir(c: TrainConfig) -> None:
     with ckpt.writing(path):
         os.makedirs(c.out, exist_ok=True)
         save_yaml(c, path)
-
-
-def truncate_history(out: str, step: int) -> None:
-    """Drop evaluations past ``step`` (a resume will redo them)."""
-    path = os.path.join(out, "history.jsonl")
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    tmp = path + ".tmp"
-    with ckpt.writing(path), open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
 
 
 class Trainer:
@@ -164,8 +147,13 @@ class Trainer:
         self.flags = StepFlags(self.parallel, self.stop, self.device, late)
         self.resumed_from = self._resume()
         self.window = Window.open(self.device, self.pos.window)
-        if self.resumed_from:
-            rank0_then_meet(lambda: truncate_history(c.out, self.pos.step))
+        # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
+        # other ranks hold none, so the calls below need no rank check.
+        run = Run(c.out, c.to_dict(), self.pos.step, resumed=bool(self.resumed_from))
+        self.trackers = rank0_then_meet(lambda: Trackers.open(list_items(c.log_to), run))
+        self.trackers = self.trackers or Trackers()
+        self.log_every = c.log_every if self.trackers.logs_steps else 0
+        self.stragglers = StragglerWatch()
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -211,6 +199,7 @@ class Trainer:
         dist.all_gather_object(per_rank, mine)
         self.pos.window = self.window.saved()
         fmt = checkpoint_formats.named(self.c.ckpt_format)  # full: rank 0 writes; dcp: all
+        self.trackers.flush()  # what they logged up to here survives a kill: resume goes on
         state = run_state.build_state(self.parts, self.pos, self.c, self.global_batch,
                                       self.sampler.steps_per_epoch, per_rank,
                                       tensors=fmt.GATHERS_TENSORS)  # fmt: skip
@@ -243,9 +232,12 @@ class Trainer:
                            objective=self.objective)  # fmt: skip
         if metrics.pop("interrupted"):
             return False, True
-        train = torch.stack([w.loss_sum, w.loss_targets])
+        # Each rank's compute and data wait ride along (refddp/stragglers.py): no collective
+        # of their own.
+        own_times = times_vector(w, self.ctx.rank, self.ctx.world_size, self.device)
+        train = torch.cat([torch.stack([w.loss_sum, w.loss_targets]), own_times])
         dist.all_reduce(train)  # sums over ranks: the mean over every target trained on
-        loss_sum, loss_targets = train.tolist()
+        loss_sum, loss_targets, *rank_times = train.tolist()
         record = {
             "epoch": self.epoch,
             "step": self.pos.step,
@@ -261,15 +253,20 @@ class Trainer:
         mfu = model_flops_utilisation(self.model, self.device, per_s)
         if mfu is not None:
             record["mfu"] = mfu
+        behind = straggler_fields(rank_times)
+        record.update(behind)
         self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
         is_best = metrics["val_loss"] < self.pos.best_val_loss
         if is_best:
             self.pos.best_val_loss = metrics["val_loss"]
-        rank0_then_meet(lambda: _append_history(self.c, record))
+        rank0_then_meet(lambda: self.trackers.record(record))
         self.window = Window.open(self.device)
         if self.ctx.is_main:
             log.info("epoch %d step %d: %s", record["epoch"], record["step"],
                      describe_record(record, self.objective.sequence))  # fmt: skip
+            warning = self.stragglers.observe(behind)
+            if warning:
+                log.warning("step %d: %s", record["step"], warning)
         return is_best, False
 
     # -- the loop ----------------------------------------------------------------------------
@@ -307,7 +304,8 @@ class Trainer:
         for micro in range(c.grad_accum):
             waited = time.perf_counter()
             batch = next(batches)
-            self.window.data_wait += time.perf_counter() - waited
+            started = time.perf_counter()
+            self.window.data_wait += started - waited
             batch = to_device(batch, self.device)
             # Only sync gradients at the last micro-step: earlier ones accumulate locally.
             last = micro == c.grad_accum - 1
@@ -319,7 +317,14 @@ class Trainer:
                 flags = self.flags.local(total, targets)
                 self.parallel.set_flags(flags)
             self.scaler.scale(loss.total * self.loss_scale).backward()
+            self.window.compute += self.compute_seconds(started)
         return flags, total, targets
+
+    def compute_seconds(self, started: float) -> float:
+        """This rank's compute since ``started``: until it handed DDP its last gradient bucket
+        (waiting for slower ranks is not compute), else until now."""
+        ready = self.parallel.gradients_ready_at
+        return (ready if ready is not None and ready > started else time.perf_counter()) - started
 
     def update(self, targets: torch.Tensor | float) -> None:
         """Apply the step's gradient, the mean over the global batch's ``targets`` (a device
@@ -367,9 +372,17 @@ class Trainer:
         if agreed is None:
             return 0
         self.window.targets += agreed.targets
+        if self.log_every and step % self.log_every == 0:  # type: ignore[operator]
+            self.log_step(step, agreed)  # type: ignore[arg-type]
         if agreed.nonfinite:
             self.nonfinite_at(step)  # type: ignore[arg-type]
         return agreed.signal
+
+    def log_step(self, step: int, agreed: Agreed) -> None:
+        """Step ``step``'s loss, which its agreed flags carry (no host sync of its own), and
+        its learning rate, to the trackers (``--log-every``)."""
+        lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](step - 1)
+        self.trackers.log(step, {"train/loss": agreed.loss, "train/lr": lr})
 
     def settle(self) -> int:
         """Read the step flags still pending (``flags_read=late``); the stop signal they carry."""
@@ -408,7 +421,11 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         with self.stop:
-            return self._fit()
+            try:
+                return self._fit()
+            except BaseException:
+                self.trackers.flush()  # what was logged before the failure stays visible
+                raise
 
     def _fit(self) -> dict[str, Any]:
         c, ctx, pos = self.c, self.ctx, self.pos
@@ -435,6 +452,9 @@ class Trainer:
         self.model.train()
         # A stop interrupted the evaluation due at this step: it runs first.
         stopping = pos.eval_pending and self.end_of_step(0, 0)
+        profiler = StepProfiler(c.profile, c.out, ctx.rank, self.device) if c.profile else None
+        if profiler is not None:
+            profiler.after_step(pos.step)  # starts now if the window does
         steps_this_run, batches = 0, None
         while pos.step < self.total_steps and not stopping:
             if batches is None:  # the epoch (or this invocation) starts
@@ -445,8 +465,13 @@ class Trainer:
             if pos.step % self.sampler.steps_per_epoch == 0:
                 batches = None  # the epoch is over: its loader and workers go
             stopping = self.end_of_step(signum, steps_this_run)
+            if profiler is not None:  # --profile START:END: refddp/profiler.py
+                profiler.after_step(pos.step)
         del batches
         bar.close()
+        if profiler is not None:
+            profiler.finish()  # a run that stopped inside the window
+        rank0_then_meet(self.trackers.close)
         if stopping:
             why = signal.Signals(self.stopped_by).name if self.stopped_by else "stop_after reached"
             log.info("stopped at step %d (%s); checkpoint saved, rerun to resume", pos.step, why)

@@ -29,6 +29,13 @@ class Window:
     targets: float = 0.0  # the global batches' targets, as the agreed flags counted them
     steps: int = 0
     data_wait: float = 0.0
+    # This rank's own time computing its share of the steps (forward and backward, up to its
+    # gradients being ready: not the wait for slower ranks), this invocation only: the
+    # straggler report compares ranks on it (``refddp/stragglers.py``), with the data wait
+    # and steps this invocation added (a resumed window carries rank 0's from before).
+    compute: float = 0.0
+    carried_data_wait: float = 0.0
+    carried_steps: int = 0
 
     @classmethod
     def open(cls, device: torch.device, saved: dict[str, Any] | None = None) -> Window:
@@ -43,6 +50,8 @@ class Window:
             targets=saved.get("targets", 0.0),
             steps=saved.get("steps", 0),
             data_wait=saved.get("data_wait", 0.0),
+            carried_data_wait=saved.get("data_wait", 0.0),
+            carried_steps=saved.get("steps", 0),
         )
 
     def add_loss(
@@ -74,6 +83,12 @@ class Window:
             "steps": self.steps,
             "data_wait": self.data_wait,
         }
+
+    def rank_times(self) -> tuple[float, float, int]:
+        """This rank's (compute, data wait) seconds over this invocation's steps of the window,
+        and those steps."""
+        waited, steps = self.data_wait - self.carried_data_wait, self.steps - self.carried_steps
+        return self.compute, waited, steps
 
     def local_loss(self) -> list[float]:
         """This rank's [loss sum, targets] (a host sync: at saves only)."""

@@ -208,3 +208,17 @@ def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_s
     # are read a step on.
     for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path)):
         assert result["late"] and result["step"] == 48 // _refddp_world_size
+
+
+def test_the_profiler_writes_a_trace_with_gpu_kernels_and_a_memory_snapshot(tmp_path):
+    needs_gpus(1)
+    import pickle
+
+    train(tmp_path, "--profile", "3:4", "--device", "cuda")
+    with open(tmp_path / "profile" / "rank0.json") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events), "CUDA kernels in the trace"
+    with open(tmp_path / "profile" / "rank0_memory.pickle", "rb") as f:  # our own run's file
+        snapshot = pickle.load(f)
+    assert snapshot["segments"] and snapshot["device_traces"], "allocator state and history"
+    assert not list((tmp_path / "profile").glob("*.tmp-*")), "written atomically"

@@ -22,8 +22,13 @@ def test_every_rank_reports_in_with_timings_and_shards(spawn):
     assert all(row["latency_ms"] > 0 for row in report["all_reduce"])
     assert report["shards"]["val_samples_per_rank"] == [19, 18]
     assert report["problems"] == []
+    timed = report["step_times"]
+    assert timed["steps"] == 5 and [r["rank"] for r in timed["per_rank"]] == [0, 1]
+    assert all(r["step_ms"] >= r["compute_ms"] > 0 for r in timed["per_rank"])
+    assert timed["slowest_rank"] in (0, 1) and "straggler_lag_s" in timed
     table = format_table(report)
     assert "OK: no problems found" in table and "all_reduce (float32)" in table
+    assert "training steps (5 timed after one to warm up" in table and "  rank 1: step " in table
 
 
 def test_a_rank_that_never_arrives_is_named_not_waited_for(spawn):

@@ -49,6 +49,10 @@ NODES, T_NODES = "refddp/testing/nodes.py", "tests/multiproc/test_harness_nodes.
 REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
+TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
+STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
+PROFILER, T_PROFILER = "refddp/profiler.py", "tests/multiproc/test_profiler.py"
+T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 
 MUTANTS = (
     Mutant(
@@ -826,5 +830,73 @@ MUTANTS = (
         "wrapped-victim-blamed", "a rank whose error was raised from a collective's is a victim",
         COLLECTIVES, "        seen = seen.__cause__ or seen.__context__\n", "        seen = None\n",
         (f"{T_FAULTS}::test_a_victim_that_wraps_its_collective_s_error_is_still_a_victim",),
+    ),
+    Mutant(
+        "tensorboard-keeps-orphaned-points", "a resumed run continues the curves once",
+        TENSORBOARD, "purge_step = run.start_step + 1 if run.resumed else None",
+        "purge_step = None",
+        (f"{T_TRACKERS}::test_a_run_resumed_from_an_earlier_checkpoint_continues_the_curves"
+         "_once",
+         f"{T_TRACKERS}::test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint"),
+    ),
+    Mutant(
+        "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
+        TRAINER,
+        "        self.trackers.flush()  # what they logged up to here survives a kill: resume "
+        "goes on\n",
+        "",
+        # TensorBoard's writer appends each event to the file as its thread takes it from the
+        # queue: a real kill loses only what is still queued, a race no test can time; the
+        # test counts the flushes (one per checkpoint, before it is written).
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
+    ),
+    Mutant(
+        "step-loss-read-from-the-device", "the trackers' loss costs no host sync", TRAINER,
+        'self.trackers.log(step, {"train/loss": agreed.loss,',
+        'self.trackers.log(step, {"train/loss": self.window.loss_sum.item(),',
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
+    ),
+    Mutant(
+        "step-loss-logged-every-step", "the loss every --log-every steps", TRAINER,
+        "if self.log_every and step % self.log_every == 0:", "if self.log_every:",
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
+    ),
+    Mutant(
+        "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", FLAGS,
+        "return torch.cat([nonfinite, parts, stop, loss.float()])",
+        "return torch.cat([nonfinite, parts, stop, loss.float() * self.parallel.ctx.world_size "
+        "* (self.parallel.ctx.rank == 0)])",
+        (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
+    ),
+    Mutant(
+        "straggler-times-in-rank-0s-slot", "history names the slowest rank", STRAGGLERS,
+        "vector[rank], vector[world + rank] = ", "vector[0], vector[world] = ",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[1]",),
+    ),
+    Mutant(
+        "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
+        TRAINER,
+        "return (ready if ready is not None and ready > started else time.perf_counter()) - "
+        "started",
+        "return time.perf_counter() - started",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[0]",),
+    ),
+    Mutant(
+        "straggler-warned-at-the-first-slow-evaluation", "a persistent straggler is warned of",
+        STRAGGLERS, "if self.streak != PERSISTENT:", "if self.streak != 1:",
+        (f"{T_TRACKER_UNITS}::test_the_straggler_warning_needs_the_same_rank_behind_at"
+         "_consecutive_evaluations",),
+    ),
+    Mutant(
+        "profile-starts-a-step-late", "--profile traces exactly its steps", PROFILER,
+        "if self.start - 1 <= step < self.end:", "if self.start <= step < self.end:",
+        (f"{T_PROFILER}::test_each_rank_writes_a_chrome_trace_of_the_profiled_steps",),
+    ),
+    Mutant(
+        "profile-stops-a-step-late", "--profile traces exactly its steps", PROFILER,
+        "        if step >= self.end:\n", "        if step > self.end:\n",
+        (f"{T_PROFILER}::test_each_rank_writes_a_chrome_trace_of_the_profiled_steps",),
     ),
 )

@@ -83,3 +83,30 @@ x = trainer.save() if rank == 0 else None
         "agree_any() under `if ctx.is_main`",
         "trainer.save() under `if rank == 0`",
     ]
+
+
+# Code that runs on rank 0 alone (the trackers), or on each rank at its own pace (the
+# profiler): no collective anywhere in it, not only under a rank check.
+RANK_ALONE = ("trackers", "profiler.py")
+
+
+def collective_calls(source: str, filename: str = "<src>") -> list[str]:
+    return [
+        f"{filename}:{node.lineno}: {ast.unparse(node.func)}()"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and _called_name(node) in CALLS
+    ]
+
+
+def test_trackers_and_the_profiler_issue_no_collective_at_all():
+    root = Path(refddp.__file__).parent
+    paths = [p for name in RANK_ALONE for p in sorted((root / name).glob("**/*.py"))
+             or [root / name]]  # fmt: skip
+    assert len(paths) >= 5, paths  # the package's modules and profiler.py
+    findings = []
+    for path in paths:
+        findings += collective_calls(path.read_text(), str(path.relative_to(root)))
+    assert findings == []
+    assert collective_calls("self.trackers.record(r)\ndist.all_reduce(t)\n") == [
+        "<src>:2: dist.all_reduce()"
+    ]

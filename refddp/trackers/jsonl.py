@@ -1,0 +1,44 @@
+"""``--log-to jsonl`` (always on): ``history.jsonl``, one JSON line per evaluation.
+
+A resumed run first drops the lines past the step it resumes from: the evaluations a killed
+invocation recorded after its last checkpoint, which the resumed run redoes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from refddp.run_files import writing
+from refddp.trackers.base import Run, Tracker
+
+
+class History(Tracker):
+    name = "jsonl"
+    logs_steps = False  # one line per evaluation: python -m refddp.plot reads these
+
+    def __init__(self, run: Run):
+        super().__init__(run)
+        self.path = os.path.join(run.out, "history.jsonl")
+        if run.resumed:
+            truncate_history(self.path, run.start_step)
+
+    def record(self, record: dict[str, Any]) -> None:
+        with writing(self.path), open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def truncate_history(path: str, step: int) -> None:
+    """Drop evaluations past ``step`` (a resume will redo them)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with writing(path), open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+TRACKER = History

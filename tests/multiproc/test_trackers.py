@@ -1,0 +1,109 @@
+"""``--log-to tensorboard,wandb``: the run's curves where users watch them, read back with each
+tracker's own reader; a resumed or restarted run continues them without duplicate or missing
+points; the training loss reaches rank 0 with the step flags (no host sync of its own)."""
+
+import pytest
+
+from tests.cli_runs import run, train_command
+from tests.observability_tasks import fit_with_recording_tracker
+from tests.tracker_files import history, tensorboard_scalars, wandb_curves, wandb_segments
+
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+pytest.importorskip("wandb", reason="the wandb extra is not installed")
+
+# 96 samples, 2 ranks x 4: 12 steps per epoch, 24 in all; an evaluation every 4 steps.
+JOB = ["--nproc", 2, "--train-size", 96, "--val-size", 37, "--input-dim", 8, "--hidden-size",
+       16, "--batch-size", 4, "--epochs", 2, "--dtype", "float64", "--deterministic",
+       "--device", "cpu", "--log-to", "tensorboard,wandb", "--log-every", 1, "--eval-every", 4]  # fmt: skip
+STEPS = list(range(1, 25))
+
+
+def train(out, *args, env=None):
+    done = run(train_command(out, *JOB, *args), env={"WANDB_MODE": "offline", **(env or {})})
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    train(out)
+    return out
+
+
+def steps(points):
+    return [step for step, _ in points]
+
+
+def test_tensorboard_and_wandb_show_the_runs_curves(straight):
+    records = history(straight)
+    evaluated = [r["step"] for r in records]
+    assert evaluated == [4, 8, 12, 16, 20, 24]
+    board = tensorboard_scalars(straight)
+    segments = wandb_segments(straight)
+    assert len(segments) == 1
+    for curves in (board, wandb_curves(segments)):
+        assert steps(curves["train/loss"]) == steps(curves["train/lr"]) == STEPS
+        assert steps(curves["val/loss"]) == steps(curves["perf/samples_per_s"]) == evaluated
+        for record, (_, val_loss), (_, val_acc) in zip(records, curves["val/loss"],
+                                                       curves["val/acc"], strict=True):  # fmt: skip
+            assert val_loss == pytest.approx(record["val_loss"], rel=1e-6)
+            assert val_acc == pytest.approx(record["val_acc"], rel=1e-6)
+        # Every step has the global batch's 8 targets: the mean of the per-step losses over an
+        # evaluation's window is the record's train_loss, which every rank's sums make. A rank's
+        # own loss would not average to it.
+        losses = dict(curves["train/loss"])
+        for record in records:
+            window = [losses[s] for s in range(record["step"] - 3, record["step"] + 1)]
+            assert sum(window) / 4 == pytest.approx(record["train_loss"], rel=1e-5)
+        assert curves["train/lr"][0][1] == pytest.approx(3e-3)  # the peak, then the cosine
+        assert curves["train/lr"][-1][1] < curves["train/lr"][0][1]
+
+
+@pytest.mark.slow  # two more runs with W&B's start-up: ~30 s under this machine's load
+def test_a_run_resumed_from_an_earlier_checkpoint_continues_the_curves_once(tmp_path, straight):
+    out = tmp_path / "run"
+    train(out, "--stop-after", 10, "--ckpt-every", 4)  # checkpoints at 4, 8 and 10
+    # As after a kill at step 10 with the last checkpoint at 8: steps 9 and 10 were logged,
+    # and the resumed run logs them again.
+    train(out, "--resume", out / "checkpoints" / "checkpoint_previous.pth")
+    board, wanted = tensorboard_scalars(out), tensorboard_scalars(straight)
+    assert steps(board["train/loss"]) == STEPS, "TensorBoard hides what was logged after 8"
+    assert board["train/loss"] == wanted["train/loss"], "exact resume: the same losses"
+    assert steps(board["val/loss"]) == steps(wanted["val/loss"])
+    segments = wandb_segments(out)
+    assert len(segments) == 2
+    assert segments[0]["run_id"] == segments[1]["run_id"], "one W&B run across invocations"
+    assert steps(wandb_curves(segments)["train/loss"]) == STEPS
+    assert wandb_curves(segments)["train/loss"] == wandb_curves(wandb_segments(straight))["train/loss"]
+    assert [r["step"] for r in history(out)] == [r["step"] for r in history(straight)]
+
+
+@pytest.mark.slow  # a SIGKILL, the elastic agent's restart, and the rerun: ~25-55 s here
+def test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint(tmp_path, straight):
+    # Rank 0 (the trackers' rank) is SIGKILLed in step 11; the restart resumes from step 8.
+    # What it logged up to 8 was flushed before that checkpoint; steps 9 and 10 reached the
+    # file too (TensorBoard appends each event as its writer thread takes it): the restart
+    # logs them again, and purge_step hides the first ones.
+    out = tmp_path / "killed"
+    done = train(out, "--ckpt-every", 4, "--eval-every", 12, "--max-restarts", 1, "--model",
+                 "tests.user_code:killed_mlp", "--log-to", "tensorboard",
+                 env={"REFDDP_TEST_KILL_AT": "11", "REFDDP_TEST_KILL_RANK": "0"})  # fmt: skip
+    assert "at epoch 0, step 8" in done.stderr
+    board = tensorboard_scalars(out)
+    assert steps(board["train/loss"]) == STEPS
+    assert board["train/loss"] == tensorboard_scalars(straight)["train/loss"]
+
+
+@pytest.mark.parametrize("read", ["late", "now"])
+def test_the_training_loss_reaches_the_trackers_with_the_step_flags(spawn, tmp_path, read):
+    found = spawn(fit_with_recording_tracker, str(tmp_path / read), flags_read=read,
+                  log_every=3, eval_every=6)  # fmt: skip
+    rank0, rank1 = found
+    assert [step for step, _ in rank0["points"]] == list(range(3, 25, 3))
+    assert rank1["points"] == rank1["records"] == [], "the other ranks hold no tracker"
+    if read == "late":  # a step reads nothing but the flags of the step before, log or not
+        assert all(reads in ([], ["flags"]) for reads in rank0["reads"][1:]), rank0["reads"]
+    assert [r["step"] for r in rank0["records"]] == [6, 12, 18, 24]
+    assert rank0["events"][0] == "open at step 0" and rank0["events"][-1] == "close"
+    assert rank0["events"].count("flush") == len(rank0["records"]), "one per checkpoint"

@@ -1,0 +1,91 @@
+"""Reading what the trackers wrote, with each tracker's own reader (shared by the tests).
+
+TensorBoard: its ``EventAccumulator``, which applies ``purge_step`` as TensorBoard shows the
+curves. W&B: the offline run's ``.wandb`` transaction log, each record parsed with wandb's
+own protobuf schema (``wandb.proto.wandb_internal_pb2.Record``); wandb 0.31 ships no Python
+reader of the file, so the framing (a LevelDB-style log: a 7-byte header, then 32 KiB blocks
+of records with a 7-byte header each, long records split in parts) is read here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+from pathlib import Path
+
+BLOCK, HEADER = 32 * 1024, 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def tensorboard_scalars(out: Path | str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of ``out/tensorboard`` -> its (step, value) points, as TensorBoard
+    would show them."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(os.path.join(out, "tensorboard"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _wandb_records(path: str) -> list:
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    records, parts, pos = [], b"", HEADER
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts + chunk if kind == LAST else chunk)
+            records.append(record)
+            parts = b""
+        elif kind in (FIRST, MIDDLE):
+            parts += chunk
+    return records
+
+
+def wandb_segments(out: Path | str) -> list[dict]:
+    """Each invocation's offline W&B run in ``out/wandb``, oldest first: its run id and its
+    history rows ({"_step": ..., key: value})."""
+    segments = []
+    for path in sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*", "run-*.wandb"))):
+        run_id, rows = None, []
+        for record in _wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run_id = record.run.run_id
+            elif kind == "history":
+                rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                             for item in record.history.item})  # fmt: skip
+        segments.append({"run_id": run_id, "rows": rows})
+    return segments
+
+
+def wandb_curves(segments: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """The run's curves as W&B keeps them: one run whose steps only increase, so a resumed
+    segment's rows at or below the steps already logged are left out."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    last = -1
+    for segment in segments:
+        for row in segment["rows"]:
+            if row["_step"] <= last:
+                continue
+            last = row["_step"]
+            for key, value in row.items():
+                if not key.startswith("_"):
+                    curves.setdefault(key, []).append((row["_step"], value))
+    return curves
+
+
+def history(out: Path | str) -> list[dict]:
+    with open(os.path.join(out, "history.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]

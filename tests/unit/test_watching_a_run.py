@@ -1,0 +1,106 @@
+"""The observability options and their pieces without a process group: ``--log-to``,
+``--profile`` and ``--log-every`` as config, the tracker fan-out, the straggler threshold."""
+
+import pytest
+import yaml
+
+from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
+from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields
+from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
+from tests.cli_runs import run, train_command
+
+
+def test_log_to_takes_a_yaml_list_or_a_comma_separated_flag(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"log_to": ["tensorboard", "wandb"]}))
+    c = merge({}, load_yaml(str(path)))
+    assert list_items(c.log_to) == ["tensorboard", "wandb"]
+    cli, _ = parse_cli(["--log-to", "wandb, tensorboard,wandb"])
+    assert list_items(merge(cli, {}).log_to) == ["wandb", "tensorboard"]
+    assert TrainConfig().log_to == "jsonl"
+
+
+@pytest.mark.parametrize("value, error", [
+    ("tensorbord", "log_to: 'tensorbord' is not one of jsonl, tensorboard, wandb"),
+    (["wandb", "mlflow"], "log_to: 'mlflow' is not one of jsonl, tensorboard, wandb"),
+])  # fmt: skip
+def test_an_unknown_tracker_is_one_line_naming_the_choices(value, error):
+    with pytest.raises(ConfigError) as info:
+        merge({}, {"log_to": value})
+    assert str(info.value) == error
+
+
+@pytest.mark.parametrize("spec", ["5", "0:3", "5:3", "a:b", "3:", ":4", "-1:2"])
+def test_a_bad_profile_window_names_the_field_and_what_is_valid(spec):
+    with pytest.raises(ConfigError) as info:
+        merge({"profile": spec}, {})
+    assert str(info.value) == (
+        f"profile: expected START:END, optimizer steps with 1 <= START <= END (say 5:8), "
+        f"got {spec!r}"
+    )
+    assert merge({"profile": "4:4"}, {}).profile == "4:4"
+
+
+@pytest.mark.parametrize("tracker, module", [("tensorboard", "tensorboard"), ("wandb", "wandb")])
+def test_a_missing_tracker_package_is_one_line_naming_the_extra(tmp_path, tracker, module):
+    blocked = tmp_path / "blocked" / module  # an installed package that cannot be imported
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('not installed')\n")
+    done = run(train_command(tmp_path / "out", "--log-to", tracker),
+               env={"PYTHONPATH": str(tmp_path / "blocked")})  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"error: log_to: {tracker} needs the {module} package: pip install 'refddp[{module}]'"
+    )
+
+
+def test_a_records_numbers_reach_the_trackers_under_grouped_tags():
+    record = {"epoch": 1, "step": 8, "train_loss": 0.5, "val_loss": 0.4, "val_acc": 0.9,
+              "samples_per_s": 100.0, "peak_memory_mb": 12.0, "slowest_rank": 1,
+              "straggler_lag_s": 0.002, "note": "text"}  # fmt: skip
+    assert record_scalars(record) == {
+        "train/epoch": 1.0, "train/mean_loss": 0.5, "val/loss": 0.4, "val/acc": 0.9,
+        "perf/samples_per_s": 100.0, "memory/peak_mb": 12.0, "stragglers/slowest_rank": 1.0,
+        "stragglers/lag_s": 0.002,
+    }  # fmt: skip
+
+
+class Failing(Tracker):
+    def log(self, step, scalars):
+        raise OSError(28, f"No space left on device at step {step}")
+
+
+def test_a_tracker_failing_between_evaluations_fails_at_the_next_record_not_alone():
+    run_info = Run("unused", {}, 0, resumed=False)
+    trackers = Trackers([Failing(run_info)])
+    trackers.log(3, {"train/loss": 1.0})  # rank 0 alone: must not raise here
+    trackers.log(4, {"train/loss": 1.0})
+    trackers.flush()
+    with pytest.raises(OSError, match="at step 3"):
+        trackers.record({"step": 4})  # where every rank meets (rank0_then_meet)
+    trackers.record({"step": 5})  # reported once
+
+
+def fields(slowest, lag_share):
+    return {"slowest_rank": slowest, "straggler_lag_s": 0.001, "straggler_lag_share": lag_share}
+
+
+def test_the_straggler_warning_needs_the_same_rank_behind_at_consecutive_evaluations():
+    watch = StragglerWatch()
+    behind = fields(1, LAG_SHARE)
+    said = [watch.observe(behind) for _ in range(PERSISTENT + 2)]
+    assert [s is not None for s in said] == [False] * (PERSISTENT - 1) + [True, False, False]
+    assert said[PERSISTENT - 1].startswith(f"rank 1 is the slowest at {PERSISTENT} evaluations")
+    for interruption in (fields(0, 1.0), fields(1, LAG_SHARE / 2)):
+        watch = StragglerWatch()  # a streak broken by another rank, or by a close race, restarts
+        said = [watch.observe(f) for f in [behind] * (PERSISTENT - 1) + [interruption, behind]]
+        assert said == [None] * (PERSISTENT + 1)
+
+
+def test_the_slowest_rank_is_the_one_with_most_compute_and_data_wait_per_step():
+    # the summed times vector: compute of ranks 0..3, then their data waits
+    found = straggler_fields([0.010, 0.011, 0.009, 0.010, 0.000, 0.000, 0.006, 0.001])
+    assert found["slowest_rank"] == 2
+    assert found["straggler_lag_s"] == pytest.approx(0.015 - 0.011)
+    assert found["straggler_lag_share"] == pytest.approx(0.004 / 0.011)
+    assert straggler_fields([0.5, 0.1]) == {}, "one rank: nobody to lag behind"
