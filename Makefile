@@ -6,35 +6,40 @@ PYTEST_ARGS ?= -n 2
 
 .PHONY: demo test multiproc gpu lint bench stress mutation clean
 
+# The demo needs refddp itself; the tests also every optional extra they exercise.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
+	$(PY) -m pip install -q -c constraints.txt -e '.[plot]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,plot,lint,examples,export,tensorboard,wandb]'
 	touch $@
 
 demo: $(VENV)/.installed
 	$(PY) -m refddp.train --nproc 2 --out runs/demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-multiproc: $(VENV)/.installed
+multiproc: $(VENV)/.installed-test
 	$(PY) -m pytest -m multiproc
 
-gpu: $(VENV)/.installed
+gpu: $(VENV)/.installed-test
 	$(PY) -m pytest -m gpu tests/gpu
 
 # Flake hunt (issue 15): the fault and CLI end-to-end tests, STRESS_REPETITIONS pytest sessions
 # under -n 2; runs and failures per test go to benchmarks/results/stress.json.
 STRESS_REPETITIONS ?= 30
-stress: $(VENV)/.installed
+stress: $(VENV)/.installed-test
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check refddp tests benchmarks examples conftest.py
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/trainer_overhead.py
 	$(PY) benchmarks/step_overhead.py
@@ -42,6 +47,6 @@ bench: $(VENV)/.installed
 clean:
 	rm -rf $(VENV) runs
 
-# Not part of CI: each curated mutant removes one mechanism; its tests must fail (see README).
-mutation: $(VENV)/.installed
+# Not part of CI: each curated mutant removes one mechanism; its tests must fail (docs/guarantees.md).
+mutation: $(VENV)/.installed-test
 	$(PY) tests/mutation/run.py
