@@ -27,8 +27,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from refddp.config import TrainConfig
 from refddp.dist import DistContext, device_mesh
 
-STRATEGIES = ("ddp", "fsdp")
-
 
 class Parallel:
     """The DDP strategy: every rank holds the whole model; gradients are all-reduced.

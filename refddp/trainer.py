@@ -3,7 +3,7 @@
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
 every rank reaches (``StepFlags``, ``rank0_then_meet``, the metric all-reduce). What a
-checkpoint holds and how it is restored lives in ``checkpoint.py``.
+checkpoint holds and how it is restored lives in ``run_state.py``.
 """
 
 from __future__ import annotations
