@@ -20,6 +20,9 @@ flags and never on its own. When the host reads them is ``flags_read``:
   create its state (SGD's momentum buffer uninitialised), a step that reads ``now`` does not.
   An optimizer that never keeps state (SGD without momentum) reads ``late`` from the start.
 - ``auto`` (the default): ``late`` on CUDA, ``now`` on the CPU (``reads_late``).
+
+One process reading ``now`` has nobody to agree with and no bucket to ride: its step's flags
+are just ``[loss sum, target count]`` (float64), and its own stop request is the signal.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def reads_late(c: TrainConfig, device: torch.device) -> bool:
 # The target count travels as two float32 parts, each summed exactly over ranks: a float32
 # holds integers exactly up to 2**24 only, fewer targets than a large step can have.
 COUNT_PART = 4096
+ALONE = 2  # the length of one process's flags, read now: [loss sum, target count]
 
 
 class Agreed(NamedTuple):
@@ -111,7 +115,10 @@ class StepFlags:
     """One rank's step flags: built on the device, agreed through ``parallel``, read now or a
     step late (the pending step's flags wait in ``_host``)."""
 
-    def __init__(self, parallel: Any, stop: StopRequest, device: torch.device, late: bool):
+    def __init__(
+        self, parallel: Any, stop: StopRequest, device: torch.device, late: bool,
+        alone: bool = False,
+    ):  # fmt: skip
         self.parallel, self.stop, self.late = parallel, stop, late
         self._by_signal = {  # one flag per stop signal, set for the one received; made once
             sig: torch.tensor([sig == s for s in StopRequest.SIGNALS], dtype=torch.float32,
@@ -126,6 +133,7 @@ class StepFlags:
         # from the data loader for up to a step)
         self._ready = torch.cuda.Event(blocking=True) if pinned else None
         self._pending_step: int | None = None  # the step whose flags wait in _host
+        self.alone = alone and not late  # one process reading now: the short flags
 
     def late_for(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this step reads late: the optimizer has state already, or never keeps any
@@ -144,6 +152,8 @@ class StepFlags:
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
+        if self.alone and step_loss is not None:
+            return torch.stack([step_loss.detach(), torch.as_tensor(targets, dtype=torch.float64)])
         stop = self._by_signal[self.stop.signal]
         loss = self._zero if step_loss is None else step_loss.detach().view(1)
         nonfinite = (loss * 0).float()
@@ -160,6 +170,9 @@ class StepFlags:
 
     def read(self, flags: torch.Tensor) -> Agreed:
         """Agree on ``flags`` and read them now (a host sync)."""
+        if len(flags) == ALONE:
+            loss_sum, targets = flags.tolist()
+            return Agreed(not math.isfinite(loss_sum), self.stop.signal or 0, targets, loss_sum)
         return _decode(self.parallel.agree(flags).tolist())
 
     def skip_on_device(self, flags: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -144,7 +144,8 @@ class Trainer:
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
-        self.flags = StepFlags(self.parallel, self.stop, self.device, late)
+        self.flags = StepFlags(self.parallel, self.stop, self.device, late,
+                               alone=ctx.world_size == 1)  # fmt: skip
         self.resumed_from = self._resume()
         self.window = Window.open(self.device, self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the

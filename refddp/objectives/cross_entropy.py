@@ -84,10 +84,7 @@ class CrossEntropy(Objective):
 
 
 def _summed(logits: torch.Tensor, targets: torch.Tensor) -> LossTerms:
-    total = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        targets.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+    if logits.dim() > 2:  # per token: [B, T, C] against [B, T]
+        logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     return LossTerms(total, (targets != IGNORE_INDEX).sum())

@@ -416,10 +416,22 @@ MUTANTS = (
     ),
     Mutant(
         "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
-        PARALLEL, "        if self.ctx.world_size == 1:\n            return flags\n",
-        "        if self.ctx.world_size == 1:\n"
-        "            return torch.cat([torch.zeros_like(flags[:1]), flags[1:]])\n",
+        FLAGS, "Agreed(not math.isfinite(loss_sum), self.stop.signal or 0,",
+        "Agreed(False, self.stop.signal or 0,",
         (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
+    ),
+    Mutant(
+        "one-process-ignores-its-stop", "one process reading now stops on its own signal",
+        FLAGS, "Agreed(not math.isfinite(loss_sum), self.stop.signal or 0,",
+        "Agreed(not math.isfinite(loss_sum), 0,",
+        (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
+         "_reads_its_own_stop",),
+    ),
+    Mutant(
+        "one-process-count-in-float32", "one process's target count is exact", FLAGS,
+        "torch.as_tensor(targets, dtype=torch.float64)", "torch.as_tensor(targets).float()",
+        (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
+         "_reads_its_own_stop",),
     ),
     Mutant(
         "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", WATCHDOG,

@@ -52,3 +52,20 @@ def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins()
         both = StepFlags(_Sum(received[theirs]), StopRequest(), torch.device("cpu"), late=False)
         assert both.read(received[mine])[:2] == (False, signal.SIGTERM)
     assert _decode(received[None].tolist())[:2] == (False, 0)
+
+
+def test_one_process_reading_now_sends_its_loss_and_exact_count_and_reads_its_own_stop():
+    stop = StopRequest()
+    flags = StepFlags(None, stop, torch.device("cpu"), late=False, alone=True)
+    big = 2**24 + 3
+    sent = flags.local(torch.tensor(2.5), torch.tensor(big))
+    assert sent.dtype == torch.float64 and sent.tolist() == [2.5, big]
+    assert flags.read(sent) == (False, 0, big, 2.5)
+    assert flags.read(flags.local(torch.tensor(float("inf")), 3)).nonfinite
+    stop.signal = signal.SIGUSR1
+    assert flags.read(sent).signal == signal.SIGUSR1
+    # A save's flags (no loss) and a late reader's keep the full layout: the device reads them.
+    full = 4 + len(StopRequest.SIGNALS)
+    assert len(flags.local()) == full
+    late = StepFlags(None, stop, torch.device("cpu"), late=True, alone=True)
+    assert len(late.local(torch.tensor(2.5), 3)) == full
