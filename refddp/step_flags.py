@@ -89,7 +89,8 @@ ALONE = 2  # the length of one process's flags, read now: [loss sum, target coun
 
 class Agreed(NamedTuple):
     """What every rank learns of a step: a non-finite loss anywhere, the stop signal (0: none),
-    the global batch's target count and loss sum (float32: for the trackers' curves)."""
+    the global batch's target count and loss sum (for the trackers' curves: float32 summed
+    over ranks, float64 from one process)."""
 
     nonfinite: bool
     signal: int
@@ -147,13 +148,16 @@ class StepFlags:
         self, step_loss: torch.Tensor | None = None, targets: torch.Tensor | int = 0
     ) -> torch.Tensor:
         """This rank's [non-finite loss, target count (high, low), stop signals, loss sum],
-        built on the device (no host sync).
+        built on the device (no host sync); one process reading now: [loss sum, target count]
+        (float64), which ``read`` takes as they are.
 
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
-        if self.alone and step_loss is not None:
-            return torch.stack([step_loss.detach(), torch.as_tensor(targets, dtype=torch.float64)])
+        if self.alone and step_loss is not None:  # the short flags: [loss sum, target count]
+            loss = step_loss.detach().reshape(())
+            count = torch.as_tensor(targets, dtype=torch.float64, device=loss.device)
+            return torch.stack([loss, count.reshape(())])
         stop = self._by_signal[self.stop.signal]
         loss = self._zero if step_loss is None else step_loss.detach().view(1)
         nonfinite = (loss * 0).float()

@@ -24,8 +24,6 @@ IGNORE_INDEX = -100  # a target position that counts for nothing (padding): torc
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor in it on ``device`` (non-blocking: pinned on CUDA)."""
-    if device.type == "cpu":  # where loaders make their tensors: nothing to move
-        return batch
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, Mapping):

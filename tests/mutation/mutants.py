@@ -421,6 +421,13 @@ MUTANTS = (
         (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
     ),
     Mutant(
+        "one-process-late-ignores-nonfinite", "a late skip on a non-finite loss (one process)",
+        PARALLEL, "        if self.ctx.world_size == 1:\n            return flags\n",
+        "        if self.ctx.world_size == 1:\n"
+        "            return torch.cat([torch.zeros_like(flags[:1]), flags[1:]])\n",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
+    ),
+    Mutant(
         "one-process-ignores-its-stop", "one process reading now stops on its own signal",
         FLAGS, "Agreed(not math.isfinite(loss_sum), self.stop.signal or 0,",
         "Agreed(not math.isfinite(loss_sum), 0,",
@@ -429,7 +436,8 @@ MUTANTS = (
     ),
     Mutant(
         "one-process-count-in-float32", "one process's target count is exact", FLAGS,
-        "torch.as_tensor(targets, dtype=torch.float64)", "torch.as_tensor(targets).float()",
+        "count = torch.as_tensor(targets, dtype=torch.float64, device=loss.device)",
+        "count = torch.as_tensor(targets, device=loss.device).float()",
         (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
          "_reads_its_own_stop",),
     ),

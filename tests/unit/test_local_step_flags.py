@@ -62,6 +62,9 @@ def test_one_process_reading_now_sends_its_loss_and_exact_count_and_reads_its_ow
     assert sent.dtype == torch.float64 and sent.tolist() == [2.5, big]
     assert flags.read(sent) == (False, 0, big, 2.5)
     assert flags.read(flags.local(torch.tensor(float("inf")), 3)).nonfinite
+    # A count as a Python int (a mean loss's batch size) or kept as a [1] tensor reads alike.
+    for count in (big, torch.tensor([big])):
+        assert flags.read(flags.local(torch.tensor([2.5]), count)) == (False, 0, big, 2.5)
     stop.signal = signal.SIGUSR1
     assert flags.read(sent).signal == signal.SIGUSR1
     # A save's flags (no loss) and a late reader's keep the full layout: the device reads them.
