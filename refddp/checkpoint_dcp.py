@@ -329,7 +329,7 @@ def _publish(state: dict[str, Any], directory: str, tmp: str, is_best: bool) -> 
         if is_best:
             _point(os.path.join(directory, BEST), os.path.basename(final))
         _remove_unlinked(directory)
-        run_files.fsync_dir(directory)
+        run_files.fsync_path(directory)
     return latest
 
 

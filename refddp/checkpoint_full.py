@@ -24,7 +24,7 @@ import torch
 from refddp.dist import rank0_then_meet
 from refddp.run_files import (
     checkpoint_dir,
-    fsync_dir,
+    fsync_path,
     link_or_copy,
     remove_stale_temp_files,
     save_atomic,
@@ -72,7 +72,7 @@ def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     if is_best:
         link_or_copy(latest, os.path.join(directory, BEST))
     with writing(directory):
-        fsync_dir(directory)
+        fsync_path(directory)
     return latest
 
 

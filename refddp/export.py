@@ -36,6 +36,7 @@ from torch import nn
 from refddp import checkpoint as ckpt
 from refddp.config import FIELDS, ConfigError, refuse_checkpoint_imports
 from refddp.models import build_model
+from refddp.run_files import fsync_path, temp_name
 
 EXIT_USAGE, EXIT_RUNTIME = 2, 1
 SUFFIX = ".safetensors"
@@ -137,7 +138,7 @@ def _write_safetensors(
     metadata = {"format": "pt", "config": json.dumps(config, sort_keys=True), "step": str(step)}
     with _atomic(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        _fsync(tmp)
+        fsync_path(tmp)
     return path
 
 
@@ -181,12 +182,12 @@ def _atomic(path: str) -> Iterator[str]:
     from safetensors import SafetensorError
 
     directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    tmp = temp_name(os.path.join(directory, "." + name))
     try:
         yield tmp
         _usual_modes(tmp)
         os.replace(tmp, path)
-        _fsync(directory)
+        fsync_path(directory)
     except (OSError, SafetensorError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ckpt.RunFileError(f"cannot write {path}: {reason.strip().splitlines()[0]}") from None
@@ -205,14 +206,6 @@ def _usual_modes(path: str) -> None:
     inside = os.path.isdir(path)
     for name in [os.path.join(path, n) for n in os.listdir(path)] if inside else [path]:
         os.chmod(name, 0o666 & ~umask)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

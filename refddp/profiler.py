@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from refddp.config import profile_window
-from refddp.run_files import writing
+from refddp.run_files import temp_name, writing
 
 log = logging.getLogger("refddp")
 MEMORY_HISTORY_ENTRIES = 100_000  # allocator events kept for the CUDA snapshot
@@ -81,7 +81,7 @@ class StepProfiler:
 
 def _write_atomically(path: str, write: Any) -> None:
     """``write(tmp)`` then rename onto ``path``: a reader never sees half a file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = temp_name(path)
     with writing(path):
         try:
             write(tmp)

@@ -40,8 +40,8 @@ def checkpoint_dir(out: str) -> str:
     return os.path.join(out, "checkpoints")
 
 
-def fsync_dir(path: str) -> None:
-    """Make the directory entries (a rename, a new link) in ``path`` durable."""
+def fsync_path(path: str) -> None:
+    """Make ``path`` durable: a file's bytes, or a directory's entries (a rename, a new link)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -126,7 +126,7 @@ def save_atomic(state: dict[str, Any], path: str) -> None:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
-            fsync_dir(directory)
+            fsync_path(directory)
     finally:
         torch.serialization.set_crc32_options(crc32)
 

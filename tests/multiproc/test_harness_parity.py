@@ -22,7 +22,7 @@ def replicas(perturb_rank, name):
 
 
 def test_equal_replicas_pass(spawn):
-    spawn(replicas, None, "", world_size=3)
+    assert spawn(replicas, None, "", world_size=3) == [None] * 3  # no rank raised
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def ddp_step_against_one_process(skew):
 
 
 def test_ddp_matches_one_process_on_the_global_batch(spawn):
-    spawn(ddp_step_against_one_process, 0.0)
+    assert spawn(ddp_step_against_one_process, 0.0) == [None, None]  # no rank raised
 
 
 def test_a_rank_that_diverges_from_one_process_is_named(spawn):
@@ -82,7 +82,7 @@ def float32_sum_in_another_order():
 
 
 def test_tolerances_follow_the_dtype(spawn):
-    spawn(float32_sum_in_another_order)
+    assert spawn(float32_sum_in_another_order) == [None, None]  # no rank raised
 
 
 # -- nothing leaks between tests on a warm pool ----------------------------------------------

@@ -717,7 +717,7 @@ MUTANTS = (
     ),
     Mutant(
         "export-writes-in-place", "export: a failed write leaves the previous output", EXPORT,
-        '    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")',
+        '    tmp = temp_name(os.path.join(directory, "." + name))',
         "    tmp = os.path.abspath(path)",
         (f"{T_EXPORT}::test_a_failed_write_is_one_line_exit_1_and_leaves_nothing_behind",),
     ),
