@@ -153,7 +153,6 @@ def _step_report(c: TrainConfig, ctx: Any, steps: int) -> dict[str, Any]:
     (optimizer state, DDP's buckets): the step itself, which every rank spends waiting for the
     slowest, and its own compute and data wait, which say who that is."""
     from refddp.trainer import Trainer
-    from refddp.window import Window
 
     with tempfile.TemporaryDirectory() as out:  # the trial run's files (rank 0's config.yaml)
         trial = dataclasses.replace(c, task="train", out=out, resume="never", init_from="",
@@ -163,7 +162,7 @@ def _step_report(c: TrainConfig, ctx: Any, steps: int) -> dict[str, Any]:
         steps = min(steps, trainer.sampler.steps_per_epoch - 1)
         trainer.train_step(batches)
         trainer.settle()
-        trainer.window = Window.open(trainer.device)
+        trainer.window = trainer.open_window()
         started = time.perf_counter()
         for _ in range(steps):
             trainer.train_step(batches)

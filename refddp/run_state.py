@@ -30,6 +30,7 @@ from refddp.config import (  # noqa: F401 - APPLIED, DERIVED: the other rules, n
     TrainConfig,
     per_rank_batch_size,
 )
+from refddp.schedule import Schedule
 
 FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
 REQUIRED_KEYS = (
@@ -77,7 +78,7 @@ class RunParts(NamedTuple):
 
     parallel: Any
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    schedule: Schedule
     scaler: torch.amp.GradScaler
 
 
@@ -168,7 +169,7 @@ def build_state(
     return {
         "format_version": FORMAT_VERSION,
         **weights,
-        "scheduler_state_dict": parts.scheduler.state_dict(),
+        "scheduler_state_dict": parts.schedule.state_dict(pos.step),
         "scaler_state_dict": parts.scaler.state_dict(),
         "epoch": epoch,
         "step": pos.step,
@@ -214,9 +215,7 @@ def restore(
     check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
     _keep_kernels(state["optimizer_state_dict"]["param_groups"], parts.optimizer)
     checkpoint_formats.owning(path).restore_tensors(state, parts)
-    if state.get("scheduler_state_dict"):
-        parts.scheduler.load_state_dict(state["scheduler_state_dict"])
-    _apply_hyperparameters(parts, c)
+    _apply_hyperparameters(parts, c, step)
     parts.scaler.load_state_dict(state["scaler_state_dict"])
     rng = state.get("rng_states") or []
     if len(rng) == world_size:
@@ -258,17 +257,15 @@ def _keep_kernels(saved_groups: list[dict[str, Any]], optimizer: torch.optim.Opt
         saved.update({key: live[key] for key in KERNEL_KEYS if key in live})
 
 
-def _apply_hyperparameters(parts: RunParts, c: TrainConfig) -> None:
-    # load_state_dict restored the old run's lr (also as the schedule's base_lrs), weight_decay
-    # and momentum; this invocation's values replace them (identical floats when unchanged).
-    for group, factor in zip(parts.optimizer.param_groups, parts.scheduler.lr_lambdas, strict=True):
+def _apply_hyperparameters(parts: RunParts, c: TrainConfig, step: int) -> None:
+    # load_state_dict restored the old run's lr, weight_decay and momentum; this invocation's
+    # values replace them (identical floats when unchanged), the rate as of ``step``.
+    for group in parts.optimizer.param_groups:
         group["initial_lr"] = c.lr
-        group["lr"] = c.lr * factor(parts.scheduler.last_epoch)
         group["weight_decay"] = c.weight_decay
         if "momentum" in group:
             group["momentum"] = c.momentum
-    parts.scheduler.base_lrs = [c.lr] * len(parts.optimizer.param_groups)
-    parts.scheduler._last_lr = [g["lr"] for g in parts.optimizer.param_groups]  # get_last_lr()
+    parts.schedule.at(step)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -22,7 +22,8 @@ flags and never on its own. When the host reads them is ``flags_read``:
 - ``auto`` (the default): ``late`` on CUDA, ``now`` on the CPU (``reads_late``).
 
 One process reading ``now`` has nobody to agree with and no bucket to ride: its step's flags
-are just ``[loss sum, target count]`` (float64), and its own stop request is the signal.
+are just its loss sum and target count as they are (``Alone``: no tensor built), read as
+float64, and its own stop request is the signal.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ def reads_late(c: TrainConfig, device: torch.device) -> bool:
 # The target count travels as two float32 parts, each summed exactly over ranks: a float32
 # holds integers exactly up to 2**24 only, fewer targets than a large step can have.
 COUNT_PART = 4096
-ALONE = 2  # the length of one process's flags, read now: [loss sum, target count]
 
 
 class Agreed(NamedTuple):
@@ -101,6 +101,13 @@ class Agreed(NamedTuple):
     def loss(self) -> float:
         """The step's loss: the mean over the global batch's targets."""
         return self.loss_sum / self.targets if self.targets else math.nan
+
+
+class Alone(NamedTuple):
+    """One process's flags, read now: its step's loss sum and target count, as it had them."""
+
+    loss_sum: torch.Tensor
+    targets: torch.Tensor | int
 
 
 class Verdict(NamedTuple):
@@ -148,16 +155,11 @@ class StepFlags:
         self, step_loss: torch.Tensor | None = None, targets: torch.Tensor | int = 0
     ) -> torch.Tensor:
         """This rank's [non-finite loss, target count (high, low), stop signals, loss sum],
-        built on the device (no host sync); one process reading now: [loss sum, target count]
-        (float64), which ``read`` takes as they are.
+        built on the device (no host sync).
 
         The first is 0 × the step's loss: 0 when it is finite, NaN when it is inf or NaN; summed
         over ranks it is NaN if any rank's loss was (and ``bool(nan)`` is True).
         """
-        if self.alone and step_loss is not None:  # the short flags: [loss sum, target count]
-            loss = step_loss.detach().reshape(())
-            count = torch.as_tensor(targets, dtype=torch.float64, device=loss.device)
-            return torch.stack([loss, count.reshape(())])
         stop = self._by_signal[self.stop.signal]
         loss = self._zero if step_loss is None else step_loss.detach().view(1)
         nonfinite = (loss * 0).float()
@@ -166,16 +168,25 @@ class StepFlags:
                            targets.remainder(COUNT_PART)]).float()  # fmt: skip
         return torch.cat([nonfinite, parts, stop, loss.float()])
 
+    def send(self, step_loss: torch.Tensor, targets: torch.Tensor | int) -> torch.Tensor | Alone:
+        """This step's flags (``local``), handed to the gradient all-reduce that carries them;
+        one process reading now keeps its loss and count as they are (``Alone``)."""
+        if self.alone:
+            return Alone(step_loss, targets)
+        flags = self.local(step_loss, targets)
+        self.parallel.set_flags(flags)
+        return flags
+
     @staticmethod
     def targets(agreed: torch.Tensor) -> torch.Tensor:
         """The global target count of agreed flags, on the device (float64: exact)."""
         high, low = agreed[1:3].double()
         return high * COUNT_PART + low
 
-    def read(self, flags: torch.Tensor) -> Agreed:
+    def read(self, flags: torch.Tensor | Alone) -> Agreed:
         """Agree on ``flags`` and read them now (a host sync)."""
-        if len(flags) == ALONE:
-            loss_sum, targets = flags.tolist()
+        if isinstance(flags, Alone):  # float64 from here: a count past 2**24 stays exact
+            loss_sum, targets = flags.loss_sum.item(), float(flags.targets)
             return Agreed(not math.isfinite(loss_sum), self.stop.signal or 0, targets, loss_sum)
         return _decode(self.parallel.agree(flags).tolist())
 
@@ -205,7 +216,7 @@ class StepFlags:
 
     def apply(
         self,
-        flags: torch.Tensor,
+        flags: torch.Tensor | Alone,
         optimizer: torch.optim.Optimizer,
         step: int,
         update: Callable[[torch.Tensor | float], None],
@@ -216,7 +227,8 @@ class StepFlags:
         Read now, the host decides; read late, the device skips the update through the fused
         optimizer's ``found_inf`` and the host reads the previous step's flags, copied while
         this step ran."""
-        if self.late_for(optimizer):
+        if self.late and self.late_for(optimizer):
+            assert isinstance(flags, torch.Tensor)  # one process's short flags are read now
             agreed = self.skip_on_device(flags, optimizer)
             update(self.targets(agreed))
             applied = optimizer.found_inf == 0  # type: ignore[attr-defined]

@@ -13,7 +13,8 @@ import math
 import os
 import signal
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from refddp.models import build_model, count_parameters
 from refddp.objectives.batches import to_device
 from refddp.parallel import build_parallel, local_tensor
 from refddp.profiler import StepProfiler
+from refddp.schedule import Schedule
 from refddp.step_flags import Agreed, NonFiniteLoss, StepFlags, StopRequest, reads_late
 from refddp.stragglers import StragglerWatch, straggler_fields, times_vector
 from refddp.sync_batchnorm import convert_sync_batchnorm
@@ -40,18 +42,6 @@ from refddp.watchdog import HangWatchdog
 from refddp.window import Window
 
 log = logging.getLogger("refddp")
-
-
-def lr_factor(c: TrainConfig, total_steps: int) -> Any:
-    def factor(step: int) -> float:
-        if step < c.warmup_steps:
-            return (step + 1) / c.warmup_steps
-        if c.lr_schedule == "constant":
-            return 1.0
-        progress = (step - c.warmup_steps) / max(1, total_steps - c.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
 
 
 def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
@@ -108,6 +98,7 @@ class Trainer:
         # average over ranks is then the global batch's sum over its samples, rescaled to its
         # targets once every rank knows their count (``update``).
         self.loss_scale = ctx.world_size / self.global_batch
+        self.seeds: dict[torch.dtype, torch.Tensor] = {}  # backward_seed's, by the loss's dtype
         self.sampler = GlobalBatchSampler(
             self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
         )
@@ -135,11 +126,11 @@ class Trainer:
         self.forward = self.parallel.module
         late = reads_late(c, self.device)  # the step flags read a step late: a fused optimizer
         self.optimizer = build_optimizer(self.model, c, late)  # after FSDP's sharding
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(c, self.total_steps)
-        )
+        self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
-        self.parts = run_state.RunParts(self.parallel, self.optimizer, self.scheduler, self.scaler)
+        self.scaling = self.scaler.is_enabled()
+        self.autocast = autocast(c, self.device)  # entered once per micro-batch
+        self.parts = run_state.RunParts(self.parallel, self.optimizer, self.schedule, self.scaler)
         self.pos = run_state.Position()
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
@@ -147,7 +138,9 @@ class Trainer:
         self.flags = StepFlags(self.parallel, self.stop, self.device, late,
                                alone=ctx.world_size == 1)  # fmt: skip
         self.resumed_from = self._resume()
-        self.window = Window.open(self.device, self.pos.window)
+        # The window sums the loss on the host where the host reads it every step anyway.
+        self.window_on_host = self.device.type == "cpu" and not late
+        self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
         # other ranks hold none, so the calls below need no rank check.
         run = Run(c.out, c.to_dict(), self.pos.step, resumed=bool(self.resumed_from))
@@ -236,7 +229,7 @@ class Trainer:
         # Each rank's compute and data wait ride along (refddp/stragglers.py): no collective
         # of their own.
         own_times = times_vector(w, self.ctx.rank, self.ctx.world_size, self.device)
-        train = torch.cat([torch.stack([w.loss_sum, w.loss_targets]), own_times])
+        train = torch.cat([w.loss_tensor(self.device), own_times])
         dist.all_reduce(train)  # sums over ranks: the mean over every target trained on
         loss_sum, loss_targets, *rank_times = train.tolist()
         record = {
@@ -261,16 +254,20 @@ class Trainer:
         if is_best:
             self.pos.best_val_loss = metrics["val_loss"]
         rank0_then_meet(lambda: self.trackers.record(record))
-        self.window = Window.open(self.device)
         if self.ctx.is_main:
             log.info("epoch %d step %d: %s", record["epoch"], record["step"],
                      describe_record(record, self.objective.sequence))  # fmt: skip
             warning = self.stragglers.observe(behind)
             if warning:
                 log.warning("step %d: %s", record["step"], warning)
+        self.window = self.open_window()  # training time starts again (its log line is not)
         return is_best, False
 
     # -- the loop ----------------------------------------------------------------------------
+
+    def open_window(self, saved: dict[str, Any] | None = None) -> Window:
+        """A new measurement window (``saved``: one a checkpoint carried over)."""
+        return Window.open(self.device, saved, self.window_on_host)
 
     def epoch_batches(self) -> Any:
         """This epoch's batches from the current position on (a resume starts mid-epoch)."""
@@ -287,10 +284,12 @@ class Trainer:
         ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
         flags, total, targets = self.forward_backward(batches)
         verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
+        if self.flags.alone:  # one process's flags are its own loss, read on the host already
+            total, targets = verdict.read.loss_sum, verdict.read.targets  # type: ignore[union-attr]
         self.window.add_loss(total, targets, verdict.applied)
         signum = self.take_flags(verdict.read_step, verdict.read)
-        self.scheduler.step()
         self.pos.step += 1
+        self.schedule.advance(self.pos.step)
         self.window.samples += self.global_batch
         self.window.steps += 1
         if self.watchdog:
@@ -310,16 +309,33 @@ class Trainer:
             batch = to_device(batch, self.device)
             # Only sync gradients at the last micro-step: earlier ones accumulate locally.
             last = micro == c.grad_accum - 1
-            with self.parallel.no_sync() if not last else nullcontext(), autocast(c, self.device):
+            with self.autocast if last else self.accumulating():
                 loss = objective.loss(objective.forward(self.forward, batch), batch)
             total = loss.total.detach() if total is None else total + loss.total.detach()
             targets = loss.count if targets is None else targets + loss.count
             if last:  # the flags travel with this backward's gradient all-reduce: no extra one
-                flags = self.flags.local(total, targets)
-                self.parallel.set_flags(flags)
-            self.scaler.scale(loss.total * self.loss_scale).backward()
+                flags = self.flags.send(total, targets)
+            # backward from loss_scale (GradScaler's scale on top for fp16), not from 1: the
+            # gradient of loss_scale × the loss, without a multiplication in the graph
+            seed = self.seeds.get(loss.total.dtype)
+            if seed is None or seed.shape != loss.total.shape:
+                seed = self.backward_seed(loss.total)
+            loss.total.backward(self.scaler.scale(seed) if self.scaling else seed)
             self.window.compute += self.compute_seconds(started)
         return flags, total, targets
+
+    @contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """A micro-batch before the last: its gradient accumulates locally (no sync)."""
+        with self.parallel.no_sync(), self.autocast:
+            yield
+
+    def backward_seed(self, total: torch.Tensor) -> torch.Tensor:
+        """``loss_scale`` as the gradient to start ``total``'s backward from, in its dtype,
+        shape and device (kept in ``seeds`` by dtype: made once)."""
+        seed = torch.full_like(total, self.loss_scale)
+        self.seeds[total.dtype] = seed
+        return seed
 
     def compute_seconds(self, started: float) -> float:
         """This rank's compute since ``started``: until it handed DDP its last gradient bucket
@@ -330,16 +346,16 @@ class Trainer:
     def update(self, targets: torch.Tensor | float) -> None:
         """Apply the step's gradient, the mean over the global batch's ``targets`` (a device
         tensor when the flags are read late)."""
-        if self.objective.exact:
+        # One target per sample (known on the host): backward and DDP gave the mean already.
+        per_sample = not isinstance(targets, torch.Tensor) and targets == self.global_batch
+        if self.objective.exact and not per_sample:
             self.rescale_gradients(targets)
         self.optimizer_step()
 
     def rescale_gradients(self, targets: torch.Tensor | float) -> None:
         """From the sum over the global batch divided by its samples (what backward and DDP
-        gave) to the sum divided by its targets. One target per sample: already there."""
+        gave) to the sum divided by its targets."""
         if not isinstance(targets, torch.Tensor):
-            if targets == self.global_batch:
-                return
             factor: Any = self.global_batch / targets if targets else 0.0
         else:  # on the device: no host sync
             factor = torch.where(targets > 0, self.global_batch / targets, 0.0)
@@ -353,8 +369,11 @@ class Trainer:
         if self.c.grad_clip:
             self.scaler.unscale_(self.optimizer)  # clip the true gradient
             self.parallel.clip_grad_norm_(self.c.grad_clip)
-        self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
-        self.scaler.update()
+        if self.scaling:
+            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def nonfinite_at(self, step: int) -> None:
@@ -382,7 +401,7 @@ class Trainer:
     def log_step(self, step: int, agreed: Agreed) -> None:
         """Step ``step``'s loss, which its agreed flags carry (no host sync of its own), and
         its learning rate, to the trackers (``--log-every``)."""
-        lr = self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](step - 1)
+        lr = self.schedule.rate(step - 1)
         self.trackers.log(step, {"train/loss": agreed.loss, "train/lr": lr})
 
     def settle(self) -> int:

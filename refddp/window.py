@@ -17,12 +17,13 @@ import torch
 class Window:
     """One rank's window. Times are this rank's; samples and targets count the global batch.
 
-    The loss is summed over the targets of the steps whose update was applied, on the device:
-    no host sync per step; an evaluation all-reduces it.
+    The loss is summed over the targets of the steps whose update was applied, in float64, on
+    the device (no host sync per step) or, where the host reads every step's loss anyway (on
+    the CPU, flags read now), on the host; an evaluation all-reduces it.
     """
 
-    loss_sum: torch.Tensor
-    loss_targets: torch.Tensor
+    loss_sum: torch.Tensor | float
+    loss_targets: torch.Tensor | float
     start: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0  # carried over from before a resume
     samples: int = 0
@@ -38,13 +39,19 @@ class Window:
     carried_steps: int = 0
 
     @classmethod
-    def open(cls, device: torch.device, saved: dict[str, Any] | None = None) -> Window:
-        """A new window; ``saved``: the one a checkpoint carried over (``Window.saved``)."""
+    def open(
+        cls, device: torch.device, saved: dict[str, Any] | None = None, on_host: bool = False
+    ) -> Window:
+        """A new window; ``saved``: the one a checkpoint carried over (``Window.saved``);
+        ``on_host``: the loss is summed in Python floats."""
         saved = saved or {}
         loss_sum, loss_targets = saved.get("loss", (0.0, 0.0))
+        if not on_host:
+            loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
+            loss_targets = torch.tensor(loss_targets, dtype=torch.float64, device=device)
         return cls(
-            loss_sum=torch.tensor(loss_sum, dtype=torch.float64, device=device),
-            loss_targets=torch.tensor(loss_targets, dtype=torch.float64, device=device),
+            loss_sum=loss_sum,
+            loss_targets=loss_targets,
             seconds=saved.get("seconds", 0.0),
             samples=saved.get("samples", 0),
             targets=saved.get("targets", 0.0),
@@ -55,14 +62,22 @@ class Window:
         )
 
     def add_loss(
-        self, total: torch.Tensor, targets: torch.Tensor | int, applied: torch.Tensor | bool
+        self,
+        total: torch.Tensor | float,
+        targets: torch.Tensor | float,
+        applied: torch.Tensor | bool,
     ) -> None:
         """Count a step's loss if its update was applied (``applied`` on the device: a step
         skipped there counts nothing, without the host knowing yet)."""
         if isinstance(applied, torch.Tensor):
             self.loss_sum += torch.where(applied, total, 0.0)
             self.loss_targets += torch.where(applied, torch.as_tensor(targets), 0)
-        elif applied:
+        elif not applied:
+            return
+        elif isinstance(self.loss_sum, float):  # read on the host: exact in float64
+            self.loss_sum += float(total)
+            self.loss_targets += float(targets)
+        else:
             self.loss_sum += total
             self.loss_targets += targets
 
@@ -92,4 +107,11 @@ class Window:
 
     def local_loss(self) -> list[float]:
         """This rank's [loss sum, targets] (a host sync: at saves only)."""
-        return [self.loss_sum.item(), self.loss_targets.item()]
+        return [float(self.loss_sum), float(self.loss_targets)]
+
+    def loss_tensor(self, device: torch.device) -> torch.Tensor:
+        """This rank's [loss sum, targets] as one float64 tensor on ``device`` (to all-reduce)."""
+        if isinstance(self.loss_sum, float):
+            return torch.tensor([self.loss_sum, self.loss_targets], dtype=torch.float64,
+                                device=device)  # fmt: skip
+        return torch.stack([self.loss_sum, self.loss_targets])

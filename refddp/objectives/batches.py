@@ -24,30 +24,33 @@ IGNORE_INDEX = -100  # a target position that counts for nothing (padding): torc
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor in it on ``device`` (non-blocking: pinned on CUDA)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+    if isinstance(batch, torch.Tensor):  # (.to's dispatch skipped where it would return it)
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, list | tuple):
+        moved = [v if isinstance(v, torch.Tensor) and v.device == device else to_device(v, device)
+                 for v in batch]  # fmt: skip
+        named = hasattr(batch, "_fields")  # a named tuple takes its fields one by one
+        return type(batch)(*moved) if named else type(batch)(moved)
     if isinstance(batch, Mapping):
         return type(batch)({k: to_device(v, device) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
     return batch
 
 
 def model_inputs(batch: Any, with_targets: bool) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for the model: a dict as keywords, a tuple/list positionally, a
     lone tensor as the one argument; ``with_targets=False`` leaves the targets out."""
-    if isinstance(batch, Mapping):
-        return (), {k: v for k, v in batch.items() if with_targets or k != LABELS}
     if isinstance(batch, list | tuple):
         return (tuple(batch) if with_targets else tuple(batch[:-1])), {}
+    if isinstance(batch, Mapping):
+        return (), {k: v for k, v in batch.items() if with_targets or k != LABELS}
     return (batch,), {}
 
 
 def targets_of(batch: Any, loss: str) -> torch.Tensor:
     """A batch's targets: a dict's ``labels``, a tuple's last element; one line if none."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, list | tuple) and len(batch) >= 2:
+        found = batch[-1]
+    elif isinstance(batch, Mapping):
         if LABELS not in batch:
             raise ConfigError(
                 f"loss: {loss} needs the batch's targets, but this dict batch has no "
@@ -55,8 +58,6 @@ def targets_of(batch: Any, loss: str) -> torch.Tensor:
                 "if the model computes its own loss"
             )
         found = batch[LABELS]
-    elif isinstance(batch, list | tuple) and len(batch) >= 2:
-        found = batch[-1]
     else:
         raise ConfigError(
             f"loss: {loss} needs (inputs..., target) samples or dicts with {LABELS!r}; got "

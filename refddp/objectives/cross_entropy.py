@@ -25,6 +25,8 @@ class CrossEntropy(Objective):
     sum_names = ("loss_sum", "targets", "correct", "scored")
 
     def logits(self, outputs: Any) -> torch.Tensor:
+        if isinstance(outputs, torch.Tensor):  # the model's output is its logits
+            return outputs
         logits = logits_of(outputs)
         if logits is None:
             raise ConfigError(
@@ -87,4 +89,4 @@ def _summed(logits: torch.Tensor, targets: torch.Tensor) -> LossTerms:
     if logits.dim() > 2:  # per token: [B, T, C] against [B, T]
         logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return LossTerms(total, (targets != IGNORE_INDEX).sum())
+    return LossTerms(total, torch.count_nonzero(targets.ne(IGNORE_INDEX)))

@@ -71,7 +71,7 @@ class ModelLoss(Objective):
             labels = batch[SHIFT_LABELS]
         else:
             labels = batch[LABELS][..., 1:] if self.shifts else batch[LABELS]
-        return (labels != IGNORE_INDEX).sum()
+        return torch.count_nonzero(labels.ne(IGNORE_INDEX))
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         loss = self.loss_of(outputs)

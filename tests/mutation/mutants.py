@@ -53,6 +53,8 @@ TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/tes
 STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
 PROFILER, T_PROFILER = "refddp/profiler.py", "tests/multiproc/test_profiler.py"
 T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
+SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
+BATCHES = "refddp/objectives/batches.py"
 
 MUTANTS = (
     Mutant(
@@ -113,14 +115,15 @@ MUTANTS = (
     ),
     Mutant(
         "gradient-not-rescaled-to-targets", "exact normalisation: the global batch's target count",
-        TRAINER, "        if self.objective.exact:\n            self.rescale_gradients(targets)\n",
+        TRAINER,
+        "        if self.objective.exact and not per_sample:\n            self.rescale_gradients(targets)\n",
         "",
         (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
          "_global_batch",),
     ),
     Mutant(
         "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
-        "self.parallel.no_sync() if not last else nullcontext()", "nullcontext()",
+        "with self.autocast if last else self.accumulating():", "with self.autocast:",
         (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
          "_accumulation",),
     ),
@@ -172,9 +175,52 @@ MUTANTS = (
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "scheduler-not-restored", "scheduler restore", RUN_STATE,
-        'parts.scheduler.load_state_dict(state["scheduler_state_dict"])', "pass",
+        "schedule-restarts-on-resume", "a resumed run's learning rate is its step's", RUN_STATE,
+        "    parts.schedule.at(step)", "    parts.schedule.at(0)",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
+    ),
+    Mutant(
+        "resume-keeps-the-saved-lr", "a learning rate changed on resume is applied", RUN_STATE,
+        "    parts.schedule.at(step)", "    pass",
+        ("tests/multiproc/test_resume.py::test_lr_and_weight_decay_changed_on_resume_are_applied"
+         "_and_recorded",),
+    ),
+    Mutant(
+        "lr-never-advances", "the learning-rate schedule", SCHEDULE,
+        "        if step <= self.last_change:\n            self.at(step)", "        pass",
+        (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
+         "_state[cosine]",),
+    ),
+    Mutant(
+        "cosine-stops-after-warmup", "the learning-rate schedule", SCHEDULE,
+        'self.last_change = c.warmup_steps if c.lr_schedule == "constant" else total_steps',
+        "self.last_change = c.warmup_steps",
+        (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
+         "_state[cosine]",),
+    ),
+    Mutant(
+        "schedule-sets-stale-groups", "the learning-rate schedule after a resume", SCHEDULE,
+        "        self.optimizer = optimizer  # its param_groups",
+        '        self.optimizer = type("Stale", (), {"param_groups": optimizer.param_groups})()'
+        "  # its param_groups",
+        (f"{T_SCHEDULE}::test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state",),
+    ),
+    Mutant(
+        "loss-scale-not-in-backward", "every rank backprops loss_sum x world / global batch",
+        TRAINER, "torch.full_like(total, self.loss_scale)", "torch.full_like(total, 1.0)",
+        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
+         "_global_batch",),
+    ),
+    Mutant(
+        "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
+        "return batch if batch.device == device else batch.to(device, non_blocking=True)",
+        "return batch",
+        ("tests/unit/test_objectives.py::test_nested_batches_move_to_the_device_whole",),
+    ),
+    Mutant(
+        "host-window-keeps-the-last-loss", "the train loss is the mean over every target",
+        WINDOW, "            self.loss_sum += float(total)", "            self.loss_sum = float(total)",
+        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
     ),
     Mutant(
         "scaler-not-restored", "scaler restore", RUN_STATE,
@@ -436,8 +482,7 @@ MUTANTS = (
     ),
     Mutant(
         "one-process-count-in-float32", "one process's target count is exact", FLAGS,
-        "count = torch.as_tensor(targets, dtype=torch.float64, device=loss.device)",
-        "count = torch.as_tensor(targets, device=loss.device).float()",
+        "float(flags.targets)", "float(torch.as_tensor(flags.targets).float())",
         (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
          "_reads_its_own_stop",),
     ),

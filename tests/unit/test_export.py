@@ -21,6 +21,7 @@ from refddp.config import TrainConfig
 from refddp.dist import DistContext
 from refddp.models import build_model
 from refddp.parallel import build_parallel
+from refddp.schedule import Schedule
 from refddp.trainer import build_optimizer
 
 pytest.importorskip("safetensors", reason="the export extra: pip install 'refddp[export]'")
@@ -43,7 +44,7 @@ def a_checkpoint(out, step=3, **fields) -> str:
     parts = run_state.RunParts(
         parallel,
         optimizer,
-        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        Schedule(optimizer, c, total_steps=10),
         torch.amp.GradScaler("cpu", enabled=False),
     )
     state = run_state.build_state(parts, run_state.Position(step=step), c, c.batch_size, 10,

@@ -6,7 +6,16 @@ import signal
 
 import torch
 
-from refddp.step_flags import StepFlags, StopRequest, _decode
+from refddp.step_flags import Alone, StepFlags, StopRequest, _decode
+
+
+class _Sent:
+    """Stands in for the gradient all-reduce: keeps the flags it is handed to carry."""
+
+    flags = None
+
+    def set_flags(self, flags: torch.Tensor) -> None:
+        self.flags = flags
 
 
 class _Sum:
@@ -57,18 +66,19 @@ def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins()
 def test_one_process_reading_now_sends_its_loss_and_exact_count_and_reads_its_own_stop():
     stop = StopRequest()
     flags = StepFlags(None, stop, torch.device("cpu"), late=False, alone=True)
-    big = 2**24 + 3
-    sent = flags.local(torch.tensor(2.5), torch.tensor(big))
-    assert sent.dtype == torch.float64 and sent.tolist() == [2.5, big]
+    big = 2**24 + 3  # not a float32
+    sent = flags.send(torch.tensor(2.5), torch.tensor(big))
+    assert isinstance(sent, Alone)  # no tensor built: the loss and count as they were
     assert flags.read(sent) == (False, 0, big, 2.5)
-    assert flags.read(flags.local(torch.tensor(float("inf")), 3)).nonfinite
+    assert flags.read(flags.send(torch.tensor(float("inf")), 3)).nonfinite
     # A count as a Python int (a mean loss's batch size) or kept as a [1] tensor reads alike.
     for count in (big, torch.tensor([big])):
-        assert flags.read(flags.local(torch.tensor([2.5]), count)) == (False, 0, big, 2.5)
+        assert flags.read(flags.send(torch.tensor([2.5]), count)) == (False, 0, big, 2.5)
     stop.signal = signal.SIGUSR1
     assert flags.read(sent).signal == signal.SIGUSR1
     # A save's flags (no loss) and a late reader's keep the full layout: the device reads them.
     full = 4 + len(StopRequest.SIGNALS)
     assert len(flags.local()) == full
-    late = StepFlags(None, stop, torch.device("cpu"), late=True, alone=True)
-    assert len(late.local(torch.tensor(2.5), 3)) == full
+    late = StepFlags(_Sent(), stop, torch.device("cpu"), late=True, alone=True)
+    sent_late = late.send(torch.tensor(2.5), 3)
+    assert len(sent_late) == full and late.parallel.flags is sent_late  # rides the all-reduce
