@@ -265,7 +265,7 @@ def _apply_hyperparameters(parts: RunParts, c: TrainConfig, step: int) -> None:
         group["weight_decay"] = c.weight_decay
         if "momentum" in group:
             group["momentum"] = c.momentum
-    parts.schedule.at(step)
+    parts.schedule.at(step)  # the groups load_state_dict installed: the steps after may not set it
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -67,5 +67,5 @@ class Schedule:
         ``scheduler_state_dict``; refddp reads only the step back, from the checkpoint)."""
         n = len(self.optimizer.param_groups)
         return {"base_lrs": [self.lr] * n, "last_epoch": step, "_step_count": step + 1,
-                "_is_initial": step == 0, "_get_lr_called_within_step": False,
+                "_is_initial": False, "_get_lr_called_within_step": False,
                 "_last_lr": [self.rate(step)] * n, "lr_lambdas": [None] * n}  # fmt: skip

@@ -129,7 +129,9 @@ class Trainer:
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
         self.scaling = self.scaler.is_enabled()
-        self.autocast = autocast(c, self.device)  # entered once per micro-batch
+        # AMP's context, made once and entered once per micro-batch (never nested: not
+        # re-entrant; evaluation makes its own)
+        self.autocast = autocast(c, self.device)
         self.parts = run_state.RunParts(self.parallel, self.optimizer, self.schedule, self.scaler)
         self.pos = run_state.Position()
         self.stop = StopRequest()
@@ -285,7 +287,8 @@ class Trainer:
         flags, total, targets = self.forward_backward(batches)
         verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
         if self.flags.alone:  # one process's flags are its own loss, read on the host already
-            total, targets = verdict.read.loss_sum, verdict.read.targets  # type: ignore[union-attr]
+            assert verdict.read is not None  # one process reads now
+            total, targets = verdict.read.loss_sum, verdict.read.targets
         self.window.add_loss(total, targets, verdict.applied)
         signum = self.take_flags(verdict.read_step, verdict.read)
         self.pos.step += 1
@@ -317,9 +320,7 @@ class Trainer:
                 flags = self.flags.send(total, targets)
             # backward from loss_scale (GradScaler's scale on top for fp16), not from 1: the
             # gradient of loss_scale × the loss, without a multiplication in the graph
-            seed = self.seeds.get(loss.total.dtype)
-            if seed is None or seed.shape != loss.total.shape:
-                seed = self.backward_seed(loss.total)
+            seed = self.backward_seed(loss.total)
             loss.total.backward(self.scaler.scale(seed) if self.scaling else seed)
             self.window.compute += self.compute_seconds(started)
         return flags, total, targets
@@ -331,10 +332,12 @@ class Trainer:
             yield
 
     def backward_seed(self, total: torch.Tensor) -> torch.Tensor:
-        """``loss_scale`` as the gradient to start ``total``'s backward from, in its dtype,
-        shape and device (kept in ``seeds`` by dtype: made once)."""
-        seed = torch.full_like(total, self.loss_scale)
-        self.seeds[total.dtype] = seed
+        """``loss_scale`` in ``total``'s dtype, shape and device: the gradient its backward
+        starts from. Made once per dtype, and again if anything wrote into it (a custom
+        ``backward`` changing its ``grad_output`` in place) or the loss changed shape."""
+        seed = self.seeds.get(total.dtype)
+        if seed is None or seed._version or seed.shape != total.shape:
+            seed = self.seeds[total.dtype] = torch.full_like(total, self.loss_scale)
         return seed
 
     def compute_seconds(self, started: float) -> float:

@@ -46,7 +46,9 @@ class Window:
         ``on_host``: the loss is summed in Python floats."""
         saved = saved or {}
         loss_sum, loss_targets = saved.get("loss", (0.0, 0.0))
-        if not on_host:
+        if on_host:  # (add_loss tells the two apart by the type)
+            loss_sum, loss_targets = float(loss_sum), float(loss_targets)
+        else:
             loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
             loss_targets = torch.tensor(loss_targets, dtype=torch.float64, device=device)
         return cls(

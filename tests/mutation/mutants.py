@@ -212,6 +212,11 @@ MUTANTS = (
          "_global_batch",),
     ),
     Mutant(
+        "seed-reused-after-a-write", "backward starts from loss_scale whatever a backward wrote",
+        TRAINER, "if seed is None or seed._version or seed.shape", "if seed is None or seed.shape",
+        ("tests/unit/test_backward_seed.py::test_a_seed_written_into_by_a_backward_is_made_again",),
+    ),
+    Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
         "return batch if batch.device == device else batch.to(device, non_blocking=True)",
         "return batch",

@@ -4,10 +4,9 @@ optimizer by refddp itself and saved in the layout torch's LambdaLR saves."""
 import math
 
 import pytest
-
-from refddp.config import TrainConfig
 import torch
 
+from refddp.config import TrainConfig
 from refddp.schedule import Schedule, lr_factor
 
 
