@@ -63,4 +63,7 @@ def test_bad_objective_input_through_the_cli_exits_2_with_one_line(run_cli):
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: loss: model: LossFree returned no loss (dict)")
-    assert last.endswith("(ranks 0, 1)")
+    # Both ranks find it; the line names those that had exited with it when the launcher saw
+    # the first one go (it then stops the others: on a loaded machine one may be stopped
+    # before its own exit, and the line names only the other).
+    assert last.endswith(("(ranks 0, 1)", "(rank 0)", "(rank 1)")), last
