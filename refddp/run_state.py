@@ -261,11 +261,10 @@ def _apply_hyperparameters(parts: RunParts, c: TrainConfig, step: int) -> None:
     # load_state_dict restored the old run's lr, weight_decay and momentum; this invocation's
     # values replace them (identical floats when unchanged), the rate as of ``step``.
     for group in parts.optimizer.param_groups:
-        group["initial_lr"] = c.lr
         group["weight_decay"] = c.weight_decay
         if "momentum" in group:
             group["momentum"] = c.momentum
-    parts.schedule.at(step)  # the groups load_state_dict installed: the steps after may not set it
+    parts.schedule.reset(step)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -43,13 +43,19 @@ class Schedule:
         self.factor = lr_factor(c, total_steps)
         # The last step whose rate can differ from its predecessor's (cosine: the last step)
         self.last_change = c.warmup_steps if c.lr_schedule == "constant" else total_steps
-        for group in optimizer.param_groups:  # the base rate, where torch's schedulers keep it
-            group["initial_lr"] = c.lr
-        self.at(0)
+        self.reset(0)
 
     def rate(self, step: int) -> float:
         """The learning rate of step ``step`` (counted from 0)."""
         return self.lr * self.factor(step)
+
+    def reset(self, step: int) -> None:
+        """The base rate (where torch's schedulers keep it) and step ``step``'s rate on every
+        group: at the start, and on resume over the groups ``load_state_dict`` installed (the
+        steps after may leave the rate alone)."""
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = self.lr
+        self.at(step)
 
     def at(self, step: int) -> None:
         """Set the rate for step ``step`` (counted from 0): the next one the optimizer takes."""

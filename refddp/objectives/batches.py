@@ -27,8 +27,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):  # (.to's dispatch skipped where it would return it)
         return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, list | tuple):
-        moved = [v if isinstance(v, torch.Tensor) and v.device == device else to_device(v, device)
-                 for v in batch]  # fmt: skip
+        moved = [to_device(v, device) for v in batch]
         named = hasattr(batch, "_fields")  # a named tuple takes its fields one by one
         return type(batch)(*moved) if named else type(batch)(moved)
     if isinstance(batch, Mapping):

@@ -25,8 +25,6 @@ class CrossEntropy(Objective):
     sum_names = ("loss_sum", "targets", "correct", "scored")
 
     def logits(self, outputs: Any) -> torch.Tensor:
-        if isinstance(outputs, torch.Tensor):  # the model's output is its logits
-            return outputs
         logits = logits_of(outputs)
         if logits is None:
             raise ConfigError(

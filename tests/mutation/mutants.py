@@ -176,12 +176,12 @@ MUTANTS = (
     ),
     Mutant(
         "schedule-restarts-on-resume", "a resumed run's learning rate is its step's", RUN_STATE,
-        "    parts.schedule.at(step)", "    parts.schedule.at(0)",
+        "    parts.schedule.reset(step)", "    parts.schedule.reset(0)",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
         "resume-keeps-the-saved-lr", "a learning rate changed on resume is applied", RUN_STATE,
-        "    parts.schedule.at(step)", "    pass",
+        "    parts.schedule.reset(step)", "    pass",
         ("tests/multiproc/test_resume.py::test_lr_and_weight_decay_changed_on_resume_are_applied"
          "_and_recorded",),
     ),

@@ -54,11 +54,12 @@ def test_a_resumed_schedule_takes_its_rate_from_the_step_and_this_invocations_lr
     optimizer = _optimizer(0.5)
     schedule = Schedule(optimizer, c, total_steps=100)
     for group in optimizer.param_groups:  # what loading an older run's optimizer state did
-        group["lr"] = 0.01
+        group["lr"] = group["initial_lr"] = 0.01
     schedule.advance(50)  # past the last change: a step leaves the rate alone
     assert [g["lr"] for g in optimizer.param_groups] == [0.01, 0.01]
-    schedule.at(50)  # a resume sets it whatever the groups held
+    schedule.reset(50)  # a resume sets it whatever the groups held
     assert [g["lr"] for g in optimizer.param_groups] == [0.5, 0.5]
+    assert [g["initial_lr"] for g in optimizer.param_groups] == [0.5, 0.5]
 
 
 def test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state():
