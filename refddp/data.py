@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from refddp.config import ConfigError, TrainConfig
 from refddp.imports import is_import_path, load_callable
+from refddp.objectives.batches import IGNORE_INDEX
 from refddp.step_flags import StopRequest
 
 
@@ -36,6 +37,9 @@ class TensorPairDataset(Dataset):
     def __init__(self, x: torch.Tensor, y: torch.Tensor, noise: float = 0.0):
         assert len(x) == len(y)
         self.x, self.y, self.noise = x, y, noise
+        # No target is ignored (-100): a loss counts a batch's targets on the host (its
+        # number), with no device op per step (``Objective.count_on_host``).
+        self.every_target_scored = not bool((y == IGNORE_INDEX).any())
 
     def __len__(self) -> int:
         return len(self.x)

@@ -146,10 +146,12 @@ class StepFlags:
     def late_for(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this step reads late: the optimizer has state already, or never keeps any
         (the same on every rank: all step together)."""
+        if not self.late:
+            return False
         stateless = isinstance(optimizer, torch.optim.SGD) and not any(
             group["momentum"] for group in optimizer.param_groups
         )
-        return self.late and (bool(optimizer.state) or stateless)
+        return bool(optimizer.state) or stateless
 
     def local(
         self, step_loss: torch.Tensor | None = None, targets: torch.Tensor | int = 0

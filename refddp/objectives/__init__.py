@@ -61,6 +61,7 @@ def build_objective(
     bare model, before DDP or FSDP wraps it): a model or batch it cannot use is one line here,
     before any step. Runs in eval mode without gradients: nothing of the run changes."""
     objective = objective_for(c)
+    objective.count_on_host = getattr(dataset, "every_target_scored", False) is True
     batch = to_device(first_batch(dataset, min(PROBE_SAMPLES, c.batch_size)), device)
     was_training = model.training
     model.eval()

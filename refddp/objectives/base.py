@@ -43,6 +43,10 @@ class Objective:
     # The evaluation sums, in the order every rank all-reduces them.
     sum_names: tuple[str, ...] = ("loss_sum", "targets")
     user_metrics: Any = None  # --metrics (``user_metrics.UserMetrics``), set by objective_for
+    # The training data ignores no target (its ``every_target_scored``, which refddp's built-in
+    # data sets): a loss may count a batch's targets on the host, as their number (an int),
+    # instead of counting the scored ones on the device every step. Set by build_objective.
+    count_on_host = False
 
     def forward(self, model: nn.Module, batch: Any) -> Any:
         args, kwargs = model_inputs(batch, self.targets_in_call)

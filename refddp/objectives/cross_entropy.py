@@ -35,7 +35,10 @@ class CrossEntropy(Objective):
         return logits
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
-        return _summed(self.logits(outputs), targets_of(batch, self.name))
+        targets = targets_of(batch, self.name)
+        if self.count_on_host:  # nothing is ignored: every target counts
+            return LossTerms(_summed_loss(self.logits(outputs), targets), targets.numel())
+        return _summed(self.logits(outputs), targets)
 
     def check(self, model: nn.Module, batch: Any) -> None:
         outputs = self.forward(model, batch)
@@ -84,7 +87,11 @@ class CrossEntropy(Objective):
 
 
 def _summed(logits: torch.Tensor, targets: torch.Tensor) -> LossTerms:
+    """The loss summed over the scored targets, and their count (on the device)."""
+    return LossTerms(_summed_loss(logits, targets), torch.count_nonzero(targets.ne(IGNORE_INDEX)))
+
+
+def _summed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if logits.dim() > 2:  # per token: [B, T, C] against [B, T]
         logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    total = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return LossTerms(total, torch.count_nonzero(targets.ne(IGNORE_INDEX)))
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")

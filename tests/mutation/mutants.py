@@ -486,6 +486,13 @@ MUTANTS = (
          "_reads_its_own_stop",),
     ),
     Mutant(
+        "ignored-targets-counted-on-the-host", "exact normalisation: -100 targets count nothing",
+        DATA, "self.every_target_scored = not bool((y == IGNORE_INDEX).any())",
+        "self.every_target_scored = True",
+        ("tests/unit/test_objectives.py::test_built_in_data_without_ignored_targets_counts_them"
+         "_on_the_host_and_with_them_on_the_device",),
+    ),
+    Mutant(
         "one-process-count-in-float32", "one process's target count is exact", FLAGS,
         "float(flags.targets)", "float(torch.as_tensor(flags.targets).float())",
         (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
@@ -587,7 +594,7 @@ MUTANTS = (
     ),
     Mutant(
         "late-before-optimizer-state", "flags_read=late: a skipped first step changes nothing",
-        FLAGS, "return self.late and (bool(optimizer.state) or stateless)", "return self.late",
+        FLAGS, "return bool(optimizer.state) or stateless", "return True",
         (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[1]",
          f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now"),
     ),

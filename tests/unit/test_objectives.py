@@ -45,6 +45,30 @@ def test_cross_entropy_sums_over_the_targets_and_counts_those_not_minus_100():
     assert torch.allclose(total / count, expected)
 
 
+def test_built_in_data_without_ignored_targets_counts_them_on_the_host_and_with_them_on_the_device():
+    """refddp's tensor data says whether any label is -100 (``every_target_scored``); the
+    objective built on it then counts a batch's targets as their number, with no device op
+    per step, or counts the scored ones."""
+    from refddp.config import TrainConfig
+    from refddp.data import TensorPairDataset
+    from refddp.objectives import build_objective
+
+    c = TrainConfig(input_dim=3, num_classes=4, batch_size=4)
+    model = nn.Linear(3, 4)
+    x, logits = torch.randn(6, 3), torch.randn(6, 4)
+    scored = TensorPairDataset(x, torch.tensor([0, 1, 2, 3, 0, 1]))
+    padded = TensorPairDataset(x, torch.tensor([0, -100, 2, -100, 0, 1]))
+    assert scored.every_target_scored and not padded.every_target_scored
+    on_host = build_objective(c, model, scored, torch.device("cpu"))
+    total, count = on_host.loss(logits, (x, scored.y))
+    assert isinstance(count, int) and count == 6
+    assert torch.allclose(total / count, F.cross_entropy(logits, scored.y))
+    on_device = build_objective(c, model, padded, torch.device("cpu"))
+    total, count = on_device.loss(logits, (x, padded.y))
+    assert int(count) == 4
+    assert torch.allclose(total / count, F.cross_entropy(logits, padded.y, ignore_index=-100))
+
+
 def config(**overrides):
     from refddp.config import TrainConfig
 
