@@ -35,6 +35,11 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def scored_count(targets: torch.Tensor) -> torch.Tensor:
+    """How many of ``targets`` count (are not ``IGNORE_INDEX``), on their device."""
+    return torch.count_nonzero(targets.ne(IGNORE_INDEX))
+
+
 def model_inputs(batch: Any, with_targets: bool) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for the model: a dict as keywords, a tuple/list positionally, a
     lone tensor as the one argument; ``with_targets=False`` leaves the targets out."""

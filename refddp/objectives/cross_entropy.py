@@ -17,7 +17,7 @@ from torch import nn
 
 from refddp.config import ConfigError
 from refddp.objectives.base import LossTerms, Objective, logits_of
-from refddp.objectives.batches import IGNORE_INDEX, describe, targets_of
+from refddp.objectives.batches import IGNORE_INDEX, describe, scored_count, targets_of
 
 
 class CrossEntropy(Objective):
@@ -88,7 +88,7 @@ class CrossEntropy(Objective):
 
 def _summed(logits: torch.Tensor, targets: torch.Tensor) -> LossTerms:
     """The loss summed over the scored targets, and their count (on the device)."""
-    return LossTerms(_summed_loss(logits, targets), torch.count_nonzero(targets.ne(IGNORE_INDEX)))
+    return LossTerms(_summed_loss(logits, targets), scored_count(targets))
 
 
 def _summed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch import nn
 
 from refddp.config import ConfigError
 from refddp.objectives.base import LossTerms, Objective, logits_of
-from refddp.objectives.batches import IGNORE_INDEX, LABELS, batch_size, describe
+from refddp.objectives.batches import IGNORE_INDEX, LABELS, batch_size, describe, scored_count
 
 SHIFT_LABELS = "shift_labels"  # HF: the targets, already shifted (padding-free collators)
 
@@ -71,7 +71,7 @@ class ModelLoss(Objective):
             labels = batch[SHIFT_LABELS]
         else:
             labels = batch[LABELS][..., 1:] if self.shifts else batch[LABELS]
-        return torch.count_nonzero(labels.ne(IGNORE_INDEX))
+        return scored_count(labels)
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         loss = self.loss_of(outputs)
