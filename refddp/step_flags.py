@@ -229,7 +229,7 @@ class StepFlags:
         Read now, the host decides; read late, the device skips the update through the fused
         optimizer's ``found_inf`` and the host reads the previous step's flags, copied while
         this step ran."""
-        if self.late_for(optimizer):
+        if self.late and self.late_for(optimizer):  # (read now: no call, each step)
             assert isinstance(flags, torch.Tensor)  # one process's short flags are read now
             agreed = self.skip_on_device(flags, optimizer)
             update(self.targets(agreed))

@@ -13,8 +13,6 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -99,6 +97,7 @@ class Trainer:
         # targets once every rank knows their count (``update``).
         self.loss_scale = ctx.world_size / self.global_batch
         self.seeds: dict[torch.dtype, torch.Tensor] = {}  # backward_seed's, by the loss's dtype
+        self.loader: Any = None  # the training loader (epoch_batches)
         self.sampler = GlobalBatchSampler(
             self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
         )
@@ -129,9 +128,13 @@ class Trainer:
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
         self.scaling = self.scaler.is_enabled()
-        # AMP's context, made once and entered once per micro-batch (never nested: not
-        # re-entrant; evaluation makes its own)
-        self.autocast = autocast(c, self.device)
+        # A micro-batch's loss (forward, then the objective), under AMP's autocast when it is
+        # on: one context, made once and entered once per micro-batch (never nested: it is
+        # not re-entrant; evaluation makes its own).
+        self.batch_loss = self.objective.batch_loss
+        if c.amp != "off":
+            self.batch_loss = autocast(c, self.device)(self.batch_loss)
+        self.moves_batches = self.device.type != "cpu"
         self.parts = run_state.RunParts(self.parallel, self.optimizer, self.schedule, self.scaler)
         self.pos = run_state.Position()
         self.stop = StopRequest()
@@ -272,73 +275,79 @@ class Trainer:
         return Window.open(self.device, saved, self.window_on_host)
 
     def epoch_batches(self) -> Any:
-        """This epoch's batches from the current position on (a resume starts mid-epoch)."""
+        """This epoch's batches from the current position on (a resume starts mid-epoch).
+
+        One loader serves the run; each epoch sets its shuffle, its samples' seeds and its
+        workers' seeds, as a loader made for the epoch would have them."""
         c, ctx, pos = self.c, self.ctx, self.pos
         self.sampler.set_epoch(self.epoch)  # a new shuffle each epoch, the same on every rank
         self.sampler.set_start(pos.step % self.sampler.steps_per_epoch * self.global_batch)
         loader_seed = c.seed * 100_003 + self.epoch * 1009 + ctx.rank
-        pin = self.device.type == "cuda"
-        return iter(make_loader(self.train_set, self.sampler, self.batch_size, c, pin, loader_seed))
+        if self.loader is None:
+            pin = self.device.type == "cuda"
+            self.loader = make_loader(self.train_set, self.sampler, self.batch_size, c, pin,
+                                      loader_seed)  # fmt: skip
+        else:
+            self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)
+            self.loader.generator.manual_seed(loader_seed)  # the workers' seeds
+        return iter(self.loader)
 
     def train_step(self, batches: Any) -> int:
         """One optimizer step: forward and backward over ``grad_accum`` micro-batches, then the
-        update, unless any rank's loss was non-finite. Returns the agreed stop signal (with
-        ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
-        flags, total, targets = self.forward_backward(batches)
+        update (clip, step), unless any rank's loss was non-finite. Returns the agreed stop
+        signal (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
+        window, last = self.window, self.c.grad_accum - 1
+        total = targets = flags = None
+        for micro in range(last + 1):
+            waited = time.perf_counter()
+            batch = next(batches)
+            started = time.perf_counter()
+            window.data_wait += started - waited
+            if self.moves_batches:  # (on the CPU a batch is where the loader made it)
+                batch = to_device(batch, self.device)
+            if micro < last:  # an earlier micro-batch's gradient accumulates locally (no sync)
+                with self.parallel.no_sync():
+                    total, targets, _ = self.forward_backward(batch, total, targets, False)
+            else:  # the last backward all-reduces the gradients, the step's flags with them
+                total, targets, flags = self.forward_backward(batch, total, targets, True)
+            window.compute += self.compute_seconds(started)
         verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
         if self.flags.alone:  # one process's flags are its own loss, read on the host already
             assert verdict.read is not None  # one process reads now
             total, targets = verdict.read.loss_sum, verdict.read.targets
-        self.window.add_loss(total, targets, verdict.applied)
+        window.add_loss(total, targets, verdict.applied)
         signum = self.take_flags(verdict.read_step, verdict.read)
         self.pos.step += 1
         self.schedule.advance(self.pos.step)
-        self.window.samples += self.global_batch
-        self.window.steps += 1
+        window.samples += self.global_batch
+        window.steps += 1
         if self.watchdog:
             self.watchdog.progress()
         return signum
 
-    def forward_backward(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """This rank's share of a step: (its flags, its loss sum, its target count), on the
-        device; the gradients are in the parameters, all-reduced with the flags."""
-        c, objective = self.c, self.objective
-        total = targets = flags = None
-        for micro in range(c.grad_accum):
-            waited = time.perf_counter()
-            batch = next(batches)
-            started = time.perf_counter()
-            self.window.data_wait += started - waited
-            batch = to_device(batch, self.device)
-            # Only sync gradients at the last micro-step: earlier ones accumulate locally.
-            last = micro == c.grad_accum - 1
-            with self.autocast if last else self.accumulating():
-                loss = objective.loss(objective.forward(self.forward, batch), batch)
-            total = loss.total.detach() if total is None else total + loss.total.detach()
-            targets = loss.count if targets is None else targets + loss.count
-            if last:  # the flags travel with this backward's gradient all-reduce: no extra one
-                flags = self.flags.send(total, targets)
-            # backward from loss_scale (GradScaler's scale on top for fp16), not from 1: the
-            # gradient of loss_scale × the loss, without a multiplication in the graph
-            seed = self.backward_seed(loss.total)
-            loss.total.backward(self.scaler.scale(seed) if self.scaling else seed)
-            self.window.compute += self.compute_seconds(started)
-        return flags, total, targets
-
-    @contextmanager
-    def accumulating(self) -> Iterator[None]:
-        """A micro-batch before the last: its gradient accumulates locally (no sync)."""
-        with self.parallel.no_sync(), self.autocast:
-            yield
+    def forward_backward(
+        self, batch: Any, total: torch.Tensor | None, targets: Any, last: bool
+    ) -> tuple[torch.Tensor, Any, Any]:
+        """One micro-batch: its loss added to the step's (``total``, ``targets``), on the
+        device; the step's flags sent with the ``last`` (before its backward, whose gradient
+        all-reduce carries them); then its backward."""
+        loss = self.batch_loss(self.forward, batch)
+        total = loss.total.detach() if total is None else total + loss.total.detach()
+        targets = loss.count if targets is None else targets + loss.count
+        flags = self.flags.send(total, targets) if last else None
+        loss.total.backward(self.backward_seed(loss.total))
+        return total, targets, flags
 
     def backward_seed(self, total: torch.Tensor) -> torch.Tensor:
-        """``loss_scale`` in ``total``'s dtype, shape and device: the gradient its backward
-        starts from. Made once per dtype, and again if anything wrote into it (a custom
-        ``backward`` changing its ``grad_output`` in place) or the loss changed shape."""
+        """The gradient ``total``'s backward starts from: ``loss_scale`` (GradScaler's scale on
+        top for fp16), not 1, so the gradient is loss_scale x the loss's without a
+        multiplication in the graph. In ``total``'s dtype, shape and device; made once per
+        dtype, and again if anything wrote into it (a custom ``backward`` changing its
+        ``grad_output`` in place) or the loss changed shape."""
         seed = self.seeds.get(total.dtype)
         if seed is None or seed._version or seed.shape != total.shape:
             seed = self.seeds[total.dtype] = torch.full_like(total, self.loss_scale)
-        return seed
+        return self.scaler.scale(seed) if self.scaling else seed
 
     def compute_seconds(self, started: float) -> float:
         """This rank's compute since ``started``: until it handed DDP its last gradient bucket
@@ -353,7 +362,15 @@ class Trainer:
         per_sample = not isinstance(targets, torch.Tensor) and targets == self.global_batch
         if self.objective.exact and not per_sample:
             self.rescale_gradients(targets)
-        self.optimizer_step()
+        if self.c.grad_clip:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradient
+            self.parallel.clip_grad_norm_(self.c.grad_clip)
+        if self.scaling:
+            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def rescale_gradients(self, targets: torch.Tensor | float) -> None:
         """From the sum over the global batch divided by its samples (what backward and DDP
@@ -367,17 +384,6 @@ class Trainer:
             if isinstance(factor, torch.Tensor):
                 factor = factor.to(grads[0].dtype)
             torch._foreach_mul_(grads, factor)
-
-    def optimizer_step(self) -> None:
-        if self.c.grad_clip:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradient
-            self.parallel.clip_grad_norm_(self.c.grad_clip)
-        if self.scaling:
-            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
     def nonfinite_at(self, step: int) -> None:
         """Step ``step``'s loss was non-finite on some rank: every rank stops, or counts it."""

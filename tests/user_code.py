@@ -1,8 +1,10 @@
 """User code the tests name as ``package.module:callable``, as a real project would."""
 
 import os
+import random
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -254,3 +256,22 @@ class SlowTrainDataset(torch.utils.data.Dataset):
 def slow_train_datasets(config):
     train, val = synthetic(config)
     return SlowTrainDataset(train), val
+
+
+class WorkerRandomDataset(torch.utils.data.Dataset):
+    """Noise from Python's and numpy's RNGs: in loader workers, only their seeds set it."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        x, y = self.base[index]
+        return x + random.gauss(0.0, 0.1) + float(np.random.normal(0.0, 0.1)), y
+
+
+def worker_random_datasets(config):
+    train, val = synthetic(config)
+    return WorkerRandomDataset(train), val

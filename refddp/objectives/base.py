@@ -52,9 +52,13 @@ class Objective:
         args, kwargs = model_inputs(batch, self.targets_in_call)
         return model(*args, **kwargs)
 
+    def batch_loss(self, model: nn.Module, batch: Any) -> LossTerms:
+        """The loss of ``batch``: the model's forward, then ``loss``."""
+        return self.loss(self.forward(model, batch), batch)
+
     def check(self, model: nn.Module, batch: Any) -> None:
         """Raise a one-line ConfigError if this model and batch cannot be used (no_grad, eval)."""
-        self.loss(self.forward(model, batch), batch)
+        self.batch_loss(model, batch)
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         raise NotImplementedError
@@ -95,9 +99,7 @@ def per_sample_outputs(outputs: Any, samples: int) -> dict[str, torch.Tensor]:
     else:
         fields = {k: v for k, v in vars(outputs).items() if not k.startswith("_")}
     found = {
-        name: value.detach().float().cpu()
-        if value.is_floating_point()
-        else value.detach().cpu()
+        name: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
         for name, value in fields.items()
         if isinstance(value, torch.Tensor) and value.dim() and len(value) == samples
     }

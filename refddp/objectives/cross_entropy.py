@@ -36,9 +36,11 @@ class CrossEntropy(Objective):
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         targets = targets_of(batch, self.name)
+        # (a model that returns its logits as they are needs no look for them, each step)
+        logits = outputs if isinstance(outputs, torch.Tensor) else self.logits(outputs)
         if self.count_on_host:  # nothing is ignored: every target counts
-            return LossTerms(_summed_loss(self.logits(outputs), targets), targets.numel())
-        return _summed(self.logits(outputs), targets)
+            return LossTerms(_summed_loss(logits, targets), targets.numel())
+        return _summed(logits, targets)
 
     def check(self, model: nn.Module, batch: Any) -> None:
         outputs = self.forward(model, batch)

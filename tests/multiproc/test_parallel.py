@@ -185,3 +185,16 @@ def test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last_eval_sh
     # FSDP's own all-gathers and reduce-scatters are among the collectives checked and compared.
     assert {"all_gather_single", "reduce_scatter_single", "broadcast_object_list"} <= kinds, kinds
     assert len({r["sequence"] for r in runs}) == 1
+
+
+def test_the_trainer_under_fsdp_reduce_scatters_once_per_optimizer_step_whatever_the_accumulation(
+    spawn, tmp_path
+):
+    # The trainer's accumulation keeps gradient sync off through each earlier micro-batch's
+    # backward, where FSDP reads it: not only through its forward.
+    scatters = {}
+    for accum in (1, 2):
+        runs = spawn(fit_recording_collectives, str(tmp_path / f"accum{accum}"), strategy="fsdp",
+                     grad_accum=accum, max_steps=2, world_size=2)  # fmt: skip
+        scatters[accum] = sum(entry.startswith("reduce_scatter") for entry in runs[0]["log"])
+    assert scatters[1] > 0 and scatters[2] == scatters[1], scatters

@@ -26,15 +26,17 @@ def test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is_bit_
     run_cli, tiny
 ):
     # Dropout masks come from each rank's restored RNG; augmentation from per-sample seeds that
-    # do not depend on which worker or which invocation fetched the sample.
+    # do not depend on which worker or which invocation fetched the sample. Stopped in the
+    # second epoch: the straight run's loader (made in epoch 0) must seed it as the resumed
+    # run's new one does.
     flags = {**tiny, **CONVNET, "dropout": 0.2, "ckpt_every": 2}
     straight = run_cli("--nproc", 2, out="straight", **flags)
-    stopped = run_cli("--nproc", 2, "--stop-after", 5, out="stopped", **flags)
-    assert "stopped at step 5 (stop_after reached)" in stopped.stderr
-    partial = stopped.checkpoint()  # 6 global batches of 16 per epoch: stopped mid-epoch
-    assert (partial["epoch"], partial["step"], partial["samples_in_epoch"]) == (0, 5, 80)
+    stopped = run_cli("--nproc", 2, "--stop-after", 8, out="stopped", **flags)
+    assert "stopped at step 8 (stop_after reached)" in stopped.stderr
+    partial = stopped.checkpoint()  # 6 global batches of 16 per epoch: stopped mid-epoch 1
+    assert (partial["epoch"], partial["step"], partial["samples_in_epoch"]) == (1, 8, 32)
     resumed = run_cli("--nproc", 2, out="stopped", **flags)
-    assert "resumed from" in resumed.stderr and "at epoch 0, step 5" in resumed.stderr
+    assert "resumed from" in resumed.stderr and "at epoch 1, step 8" in resumed.stderr
     assert_same_weights(resumed.weights(), straight.weights())  # bit for bit, buffers included
     history = [(run.out / "history.jsonl").read_text() for run in (straight, resumed)]
     assert history[0].count("\n") == history[1].count("\n") == 2  # one evaluation per epoch
@@ -81,3 +83,23 @@ def test_a_batchnorm_checkpoint_evaluates_in_a_plain_loop_to_its_recorded_metric
             correct += int((logits.argmax(1) == y).sum())
     assert correct / len(val) == ckpt["metrics"]["val_acc"]
     assert loss / len(val) == pytest.approx(ckpt["metrics"]["val_loss"], rel=1e-12)
+
+
+def test_resume_at_an_epoch_boundary_repeats_augmentation_drawn_from_the_workers_seeds(
+    run_cli, tiny
+):
+    # Augmentation from Python's and numpy's RNGs, which only the loader workers' seeds set
+    # (tests/user_code.py): a run resumed at the start of epoch 2 draws what the straight run
+    # drew there, the one loader it has used since epoch 0 seeded for the epoch as a new one is.
+    flags = {
+        **tiny,
+        "epochs": 3,
+        "num_workers": 2,
+        "data": "tests.user_code:worker_random_datasets",
+    }
+    straight = run_cli("--nproc", 1, out="straight", **flags)
+    stopped = run_cli("--nproc", 1, "--stop-after", 24, out="stopped", **flags)
+    assert stopped.checkpoint()["step"] == 24  # 12 batches of 8 per epoch: two epochs done
+    resumed = run_cli("--nproc", 1, out="stopped", **flags)
+    assert "at epoch 2, step 24" in resumed.stderr
+    assert_same_weights(resumed.weights(), straight.weights())

@@ -100,9 +100,9 @@ MUTANTS = (
     Mutant(
         "normalised-per-micro-batch", "exact normalisation: the global batch's target count",
         TRAINER,
-        "            targets = loss.count if targets is None else targets + loss.count\n",
-        "            targets = self.batch_size if targets is None else targets + self.batch_size\n"
-        "            loss = loss._replace(total=loss.total / loss.count * self.batch_size)\n",
+        "        targets = loss.count if targets is None else targets + loss.count\n",
+        "        targets = self.batch_size if targets is None else targets + self.batch_size\n"
+        "        loss = loss._replace(total=loss.total / loss.count * self.batch_size)\n",
         (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
          "_split[cross_entropy]",),
     ),
@@ -122,10 +122,25 @@ MUTANTS = (
          "_global_batch",),
     ),
     Mutant(
+        "reused-loader-keeps-epoch-0-sample-seeds", "exact resume (one loader for the run)",
+        TRAINER, "            self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)\n",
+        "",
+        (f"{T_MODELS}::test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is"
+         "_bit_identical",),
+    ),
+    Mutant(
+        "reused-loader-keeps-its-worker-seeds", "exact resume (one loader for the run)", TRAINER,
+        "            self.loader.generator.manual_seed(loader_seed)  # the workers' seeds\n", "",
+        (f"{T_MODELS}::test_resume_at_an_epoch_boundary_repeats_augmentation_drawn_from_the"
+         "_workers_seeds",),
+    ),
+    Mutant(
         "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
-        "with self.autocast if last else self.accumulating():", "with self.autocast:",
+        "with self.parallel.no_sync():", "with torch.enable_grad():",
         (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
-         "_accumulation",),
+         "_accumulation",
+         f"{T_PARALLEL}::test_the_trainer_under_fsdp_reduce_scatters_once_per_optimizer_step"
+         "_whatever_the_accumulation"),
     ),
     Mutant(
         "no-buffer-sync-before-eval", "buffer sync before eval", TRAINER,
