@@ -144,10 +144,9 @@ class StepFlags:
         self.alone = alone and not late  # one process reading now: the short flags
 
     def late_for(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether this step reads late: the optimizer has state already, or never keeps any
-        (the same on every rank: all step together)."""
-        if not self.late:
-            return False
+        """With ``late`` set, whether this step reads late: the optimizer has state already, or
+        never keeps any (the same on every rank: all step together). (``apply`` checks
+        ``late`` first: read now, no call each step.)"""
         stateless = isinstance(optimizer, torch.optim.SGD) and not any(
             group["momentum"] for group in optimizer.param_groups
         )
@@ -229,7 +228,7 @@ class StepFlags:
         Read now, the host decides; read late, the device skips the update through the fused
         optimizer's ``found_inf`` and the host reads the previous step's flags, copied while
         this step ran."""
-        if self.late and self.late_for(optimizer):  # (read now: no call, each step)
+        if self.late and self.late_for(optimizer):
             assert isinstance(flags, torch.Tensor)  # one process's short flags are read now
             agreed = self.skip_on_device(flags, optimizer)
             update(self.targets(agreed))

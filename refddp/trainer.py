@@ -131,9 +131,9 @@ class Trainer:
         # A micro-batch's loss (forward, then the objective), under AMP's autocast when it is
         # on: one context, made once and entered once per micro-batch (never nested: it is
         # not re-entrant; evaluation makes its own).
-        self.batch_loss = self.objective.batch_loss
+        self.micro_loss = self.objective.batch_loss
         if c.amp != "off":
-            self.batch_loss = autocast(c, self.device)(self.batch_loss)
+            self.micro_loss = autocast(c, self.device)(self.micro_loss)
         self.moves_batches = self.device.type != "cpu"
         self.parts = run_state.RunParts(self.parallel, self.optimizer, self.schedule, self.scaler)
         self.pos = run_state.Position()
@@ -296,20 +296,20 @@ class Trainer:
         """One optimizer step: forward and backward over ``grad_accum`` micro-batches, then the
         update (clip, step), unless any rank's loss was non-finite. Returns the agreed stop
         signal (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
-        window, last = self.window, self.c.grad_accum - 1
+        window, micro_batches = self.window, self.c.grad_accum
         total = targets = flags = None
-        for micro in range(last + 1):
+        for micro in range(micro_batches):
             waited = time.perf_counter()
             batch = next(batches)
             started = time.perf_counter()
             window.data_wait += started - waited
             if self.moves_batches:  # (on the CPU a batch is where the loader made it)
                 batch = to_device(batch, self.device)
-            if micro < last:  # an earlier micro-batch's gradient accumulates locally (no sync)
+            if micro < micro_batches - 1:  # an earlier one's gradient accumulates locally
                 with self.parallel.no_sync():
-                    total, targets, _ = self.forward_backward(batch, total, targets, False)
+                    total, targets, _ = self.forward_backward(batch, total, targets, last=False)
             else:  # the last backward all-reduces the gradients, the step's flags with them
-                total, targets, flags = self.forward_backward(batch, total, targets, True)
+                total, targets, flags = self.forward_backward(batch, total, targets, last=True)
             window.compute += self.compute_seconds(started)
         verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
         if self.flags.alone:  # one process's flags are its own loss, read on the host already
@@ -331,7 +331,7 @@ class Trainer:
         """One micro-batch: its loss added to the step's (``total``, ``targets``), on the
         device; the step's flags sent with the ``last`` (before its backward, whose gradient
         all-reduce carries them); then its backward."""
-        loss = self.batch_loss(self.forward, batch)
+        loss = self.micro_loss(self.forward, batch)
         total = loss.total.detach() if total is None else total + loss.total.detach()
         targets = loss.count if targets is None else targets + loss.count
         flags = self.flags.send(total, targets) if last else None
@@ -492,7 +492,7 @@ class Trainer:
             steps_this_run += 1
             bar.update(1)
             if pos.step % self.sampler.steps_per_epoch == 0:
-                batches = None  # the epoch is over: its loader and workers go
+                batches = None  # the epoch is over: its iterator and workers go (the loader stays)
             stopping = self.end_of_step(signum, steps_this_run)
             if profiler is not None:  # --profile START:END: refddp/profiler.py
                 profiler.after_step(pos.step)

@@ -25,6 +25,8 @@ class CrossEntropy(Objective):
     sum_names = ("loss_sum", "targets", "correct", "scored")
 
     def logits(self, outputs: Any) -> torch.Tensor:
+        if isinstance(outputs, torch.Tensor):  # (the common case, each step: no look)
+            return outputs
         logits = logits_of(outputs)
         if logits is None:
             raise ConfigError(
@@ -36,8 +38,7 @@ class CrossEntropy(Objective):
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         targets = targets_of(batch, self.name)
-        # (a model that returns its logits as they are needs no look for them, each step)
-        logits = outputs if isinstance(outputs, torch.Tensor) else self.logits(outputs)
+        logits = self.logits(outputs)
         if self.count_on_host:  # nothing is ignored: every target counts
             return LossTerms(_summed_loss(logits, targets), targets.numel())
         return _summed(logits, targets)
