@@ -19,14 +19,18 @@ def not_a_module(config):
     return {"weights": 1}
 
 
-class RecordingDataset(torch.utils.data.Dataset):
-    """Appends every index it serves to ``$REFDDP_TEST_RECORD/rank<R>.txt``."""
+class WrappedDataset(torch.utils.data.Dataset):
+    """A dataset over ``base`` (its length); a subclass's ``__getitem__`` adds the behaviour."""
 
     def __init__(self, base):
         self.base = base
 
     def __len__(self):
         return len(self.base)
+
+
+class RecordingDataset(WrappedDataset):
+    """Appends every index it serves to ``$REFDDP_TEST_RECORD/rank<R>.txt``."""
 
     def __getitem__(self, index):
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -109,14 +113,12 @@ def killed_mlp(config):
     return model.to(getattr(torch, config.dtype))
 
 
-class StuckDataset(torch.utils.data.Dataset):
+class StuckDataset(WrappedDataset):
     """Rank 1 blocks forever on its 20th item: a data loader that never returns."""
 
     def __init__(self, base):
-        self.base, self.served = base, 0
-
-    def __len__(self):
-        return len(self.base)
+        super().__init__(base)
+        self.served = 0
 
     def __getitem__(self, index):
         self.served += 1
@@ -141,15 +143,9 @@ def datasets_missing_on_rank_1(config):
     return synthetic(config)
 
 
-class SlowValDataset(torch.utils.data.Dataset):
+class SlowValDataset(WrappedDataset):
     """While ``$REFDDP_TEST_SLOW_EVAL`` names a directory, each item takes 50 ms and the first
     one served leaves ``evaluating`` there: an evaluation long enough to be signalled during."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
 
     def __getitem__(self, index):
         slow = os.environ.get("REFDDP_TEST_SLOW_EVAL")
@@ -236,15 +232,9 @@ def token_datasets(config):
     return make(config.train_size), make(config.val_size)
 
 
-class SlowTrainDataset(torch.utils.data.Dataset):
+class SlowTrainDataset(WrappedDataset):
     """While ``$REFDDP_TEST_SLOW_TRAIN`` is set, each item takes that many seconds: a run long
     enough to be signalled during, whose data (and so weights) are those of a fast one."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
 
     def __getitem__(self, index):
         delay = float(os.environ.get("REFDDP_TEST_SLOW_TRAIN", 0))
@@ -258,14 +248,8 @@ def slow_train_datasets(config):
     return SlowTrainDataset(train), val
 
 
-class WorkerRandomDataset(torch.utils.data.Dataset):
+class WorkerRandomDataset(WrappedDataset):
     """Noise from Python's and numpy's RNGs: in loader workers, only their seeds set it."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
 
     def __getitem__(self, index):
         x, y = self.base[index]

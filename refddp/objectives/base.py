@@ -99,7 +99,9 @@ def per_sample_outputs(outputs: Any, samples: int) -> dict[str, torch.Tensor]:
     else:
         fields = {k: v for k, v in vars(outputs).items() if not k.startswith("_")}
     found = {
-        name: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
+        name: value.detach().float().cpu()
+        if value.is_floating_point()
+        else value.detach().cpu()
         for name, value in fields.items()
         if isinstance(value, torch.Tensor) and value.dim() and len(value) == samples
     }
