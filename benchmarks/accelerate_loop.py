@@ -19,13 +19,14 @@ from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, par
 def main() -> None:
     args = parse_args()
     job = Job(args.model)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    world = accelerator.num_processes
+    accelerator = Accelerator(cpu=args.device == "cpu")
+    world, cuda = accelerator.num_processes, args.device == "cuda"
     model, train, val = job.build()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    loader = job.loader(train, job.global_batch // world, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
-    val_loader = job.loader(val, job.global_batch)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                            fused=cuda or None)  # fmt: skip
+    loader = job.loader(train, job.global_batch // world, args.device, shuffle=True,
+                        drop_last=True, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    val_loader = job.loader(val, job.global_batch, args.device)
     model, opt, loader, val_loader = accelerator.prepare(model, opt, loader, val_loader)
     clock = EpochClock()
     for epoch in range(job.epochs):

@@ -2,7 +2,7 @@
 ``refddp.train`` (overhead_job.py: same model, data and batched data path, global batch,
 optimizer; each epoch trains, evaluates and saves a checkpoint on rank 0).
 
-    python benchmarks/plain_ddp_loop.py --model demo --out DIR                  # 1 process
+    python benchmarks/plain_ddp_loop.py --model demo --out DIR [--device cuda]  # 1 process
     torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp_loop.py --model demo --out DIR
 
 Prints one JSON line: steady-state training samples/s, or target tokens/s for GPT-2
@@ -25,18 +25,25 @@ from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, par
 def main() -> None:
     args = parse_args()
     job = Job(args.model)
-    distributed = "WORLD_SIZE" in os.environ
+    distributed, cuda = "WORLD_SIZE" in os.environ, args.device == "cuda"
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     model, train, val = job.build()
+    model = model.to(device)
     if distributed:
-        model = DDP(model)
+        model = DDP(model, device_ids=[device] if cuda else None)
     bare = model.module if distributed else model
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    # On CUDA the fused AdamW, as refddp's (one kernel per step)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                            fused=cuda or None)  # fmt: skip
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
-    loader = job.loader(train, job.global_batch // world, sampler=sampler, drop_last=True)
-    val_loader = job.loader(val, job.global_batch,
+    loader = job.loader(train, job.global_batch // world, args.device, sampler=sampler,
+                        drop_last=True)  # fmt: skip
+    val_loader = job.loader(val, job.global_batch, args.device,
                             sampler=DistributedSampler(val, world, rank, shuffle=False))  # fmt: skip
     clock = EpochClock()
     for epoch in range(job.epochs):
@@ -45,6 +52,7 @@ def main() -> None:
         units = 0
         for batch in loader:
             units += job.units(batch) * world
+            batch = job.to(batch, device)
             opt.zero_grad(set_to_none=True)
             job.loss(model, batch).backward()
             opt.step()
@@ -53,7 +61,8 @@ def main() -> None:
         bare.eval()
         with torch.no_grad():
             for batch in val_loader:
-                score += torch.tensor(job.score(bare, batch), dtype=torch.float64)
+                score += torch.tensor(job.score(bare, job.to(batch, device)), dtype=torch.float64)
+        score = score.to(device)
         bare.train()
         if distributed:
             dist.all_reduce(score)

@@ -2,7 +2,7 @@
 and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks.
 
     python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large,gpt2] [--ranks 1,2]
-                                          [--log-to tensorboard] [--name NAME]
+                                          [--log-to tensorboard] [--name NAME] [--device cuda]
 
 For each (model, ranks) the three run interleaved, in a rotating order, so drift in machine
 load hits all alike. Reported per run: steady-state training samples/s (refddp: from its
@@ -14,7 +14,8 @@ loop's throughput on every model at 1 and 2 ranks, and ahead of Accelerate.
 ``--log-to tensorboard`` (or ``wandb``, or both, comma-separated) adds a fourth runner,
 ``refddp+tracker``: the same refddp command with those trackers on (``--log-every`` at its
 default), interleaved with the three others, so the trackers' cost is measured against the
-same plain loop at the same moments.
+same plain loop at the same moments. ``--variant FLAGS`` likewise adds ``refddp+variant``:
+refddp with FLAGS added (``--flags-read now``, say).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,28 +38,32 @@ from record import write  # noqa: E402
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BASE_RUNNERS = ("plain", "accelerate", "refddp")
 TRACKED = "refddp+tracker"  # refddp with --log-to (this benchmark's --log-to)
+VARIANT = "refddp+variant"  # refddp with this benchmark's --variant flags
 
 
-def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "") -> list[str]:
-    if runner in ("refddp", TRACKED):
-        trackers = ["--log-to", log_to] if runner == TRACKED else []
+def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "",
+            device: str = "cpu", variant: str = "") -> list[str]:  # fmt: skip
+    if runner.startswith("refddp"):
+        extra = {TRACKED: ["--log-to", log_to], VARIANT: shlex.split(variant)}.get(runner, [])
         return [sys.executable, "-m", "refddp.train", "--nproc", str(ranks), "--no-progress",
-                "--resume", "never", "--out", out, *job.refddp_flags(), *trackers]  # fmt: skip
+                "--resume", "never", "--out", out, "--device", device, *job.refddp_flags(),
+                *extra]  # fmt: skip
     script = os.path.join(HERE, f"{'plain_ddp' if runner == 'plain' else 'accelerate'}_loop.py")
     launcher = [sys.executable]
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
-    return [*launcher, script, "--model", job.model, "--out", out]
+    return [*launcher, script, "--model", job.model, "--out", out, "--device", device]
 
 
-def run_once(runner: str, job: Job, ranks: int, out: str, log_to: str) -> dict[str, float]:
+def run_once(runner: str, job: Job, ranks: int, out: str, log_to: str, device: str,
+             variant: str) -> dict[str, float]:  # fmt: skip
     begin = time.perf_counter()
-    proc = subprocess.run(command(runner, job, ranks, out, log_to), env=ENV, cwd=os.path.dirname(HERE),
+    proc = subprocess.run(command(runner, job, ranks, out, log_to, device, variant), env=ENV, cwd=os.path.dirname(HERE),
                           capture_output=True, text=True, check=False)  # fmt: skip
     wall = time.perf_counter() - begin
     if proc.returncode != 0:
         raise SystemExit(f"{runner} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    if runner in ("refddp", TRACKED):
+    if runner.startswith("refddp"):
         key = "targets_per_s" if job.tokens else "samples_per_s"
         samples_per_s = steady_samples_per_s(os.path.join(out, "history.jsonl"), key)
     else:
@@ -73,8 +79,12 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--name", default="trainer_overhead", help="results/NAME.json")
     parser.add_argument("--log-to", default="", help="also run refddp with these trackers on")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: one GPU per rank, NCCL (the baselines pin and fuse as refddp)")
+    parser.add_argument("--variant", default="",
+                        help="also run refddp with these flags added (e.g. '--flags-read now')")
     args = parser.parse_args()
-    runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ())
+    runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ()) + ((VARIANT,) if args.variant else ())
     load_before = os.getloadavg()[0]
     results, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +98,8 @@ def main() -> None:
                     order = runners[turn:] + runners[:turn]
                     for runner in order:
                         out = os.path.join(tmp, f"{model}-{ranks}-{runner}-{i}")
-                        runs[runner].append(run_once(runner, job, ranks, out, args.log_to))
+                        runs[runner].append(run_once(runner, job, ranks, out, args.log_to, args.device,
+                                                        args.variant))
                 med = {
                     r: {k: statistics.median(x[k] for x in runs[r]) for k in ("samples_per_s", "wall_s")}
                     for r in runners
@@ -96,15 +107,20 @@ def main() -> None:
                 entry = {"model": model, "ranks": ranks, "median": med, "runs": runs,
                          "throughput_vs_plain": med["refddp"]["samples_per_s"] / med["plain"]["samples_per_s"],
                          "throughput_vs_accelerate": med["refddp"]["samples_per_s"] / med["accelerate"]["samples_per_s"]}  # fmt: skip
+                entry["device"] = args.device
                 if args.log_to:
                     entry["log_to"] = args.log_to
                     entry["tracked_throughput_vs_plain"] = med[TRACKED]["samples_per_s"] / med["plain"]["samples_per_s"]
+                if args.variant:
+                    entry["variant"] = args.variant
+                    entry["variant_throughput_vs_plain"] = med[VARIANT]["samples_per_s"] / med["plain"]["samples_per_s"]
                 results.append(entry)
                 rows.append(
                     f"{model:6} {ranks} rank(s) | "
                     + " | ".join(f"{r} {med[r]['samples_per_s']:8.0f}/s {med[r]['wall_s']:5.1f} s" for r in runners)
                     + f" | refddp/plain {entry['throughput_vs_plain']:.3f}x, /accelerate {entry['throughput_vs_accelerate']:.3f}x"
                     + (f", {TRACKED} ({args.log_to})/plain {entry['tracked_throughput_vs_plain']:.3f}x" if args.log_to else "")
+                    + (f", {VARIANT} ({args.variant})/plain {entry['variant_throughput_vs_plain']:.3f}x" if args.variant else "")
                 )
                 print(rows[-1], flush=True)
     header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"

@@ -248,8 +248,9 @@ class TrainConfig:
         "auto",
         "when the host reads each step's agreed flags (non-finite loss, stop signal): now = "
         "before the optimizer step (a host sync per step), late = a step later, the skip done "
-        "on the device by a fused optimizer; auto = late on CUDA (except with amp fp16, or "
-        "FSDP with SGD), now on the CPU, where a host read is free",
+        "on the device by a fused optimizer; auto = late on CUDA with several ranks (except "
+        "with amp fp16, or FSDP with SGD), now on the CPU, where a host read is free, and for "
+        "one process",
         ("auto", "now", "late"),
         resume=APPLIED,
     )

@@ -19,7 +19,8 @@ flags and never on its own. When the host reads them is ``flags_read``:
   Until the optimizer has state it reads ``now``: a fused optimizer's skipped first step would
   create its state (SGD's momentum buffer uninitialised), a step that reads ``now`` does not.
   An optimizer that never keeps state (SGD without momentum) reads ``late`` from the start.
-- ``auto`` (the default): ``late`` on CUDA, ``now`` on the CPU (``reads_late``).
+- ``auto`` (the default): ``late`` on CUDA with several ranks, ``now`` on the CPU and for one
+  process (``reads_late``).
 
 One process reading ``now`` has nobody to agree with and no bucket to ride: its step's flags
 are just its loss sum and target count as they are (``Alone``: no tensor built), read as
@@ -71,15 +72,19 @@ class StopRequest:
         self.signal = signum
 
 
-def reads_late(c: TrainConfig, device: torch.device) -> bool:
-    """``flags_read`` resolved. ``auto`` reads late where a host sync costs a step: on CUDA,
-    unless fp16's GradScaler reads its own inf check every step anyway, or the optimizer has no
-    fused kernel for the strategy (FSDP's sharded SGD). On the CPU nothing runs ahead of the
-    host, so a read ``now`` is free and the optimizer keeps torch's default kernels."""
+def reads_late(c: TrainConfig, device: torch.device, world_size: int) -> bool:
+    """``flags_read`` resolved. ``auto`` reads late where a host sync costs a step: on CUDA
+    with several ranks (a read now waits for the slowest rank's all-reduce), unless fp16's
+    GradScaler reads its own inf check every step anyway, or the optimizer has no fused kernel
+    for the strategy (FSDP's sharded SGD). On the CPU nothing runs ahead of the host, so a read
+    ``now`` is free and the optimizer keeps torch's default kernels; one process on one GPU
+    reads now too, its own loss: measured on an H100, the ~25 small device ops a late read
+    adds to a step cost more host time than the wait (``benchmarks/README.md``, GPU)."""
     if c.flags_read != "auto":
         return c.flags_read == "late"
     no_fused_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"
-    return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel
+    several = world_size > 1
+    return device.type == "cuda" and several and c.amp != "fp16" and not no_fused_kernel
 
 
 # The target count travels as two float32 parts, each summed exactly over ranks: a float32
@@ -164,7 +169,9 @@ class StepFlags:
         stop = self._by_signal[self.stop.signal]
         loss = self._zero if step_loss is None else step_loss.detach().view(1)
         nonfinite = (loss * 0).float()
-        targets = torch.as_tensor(targets, device=nonfinite.device).view(1)
+        if not isinstance(targets, torch.Tensor):  # a fill on the device (a copy would sync)
+            targets = torch.full((1,), targets, device=nonfinite.device)
+        targets = targets.view(1)
         parts = torch.cat([targets.div(COUNT_PART, rounding_mode="floor"),
                            targets.remainder(COUNT_PART)]).float()  # fmt: skip
         return torch.cat([nonfinite, parts, stop, loss.float()])

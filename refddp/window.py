@@ -73,7 +73,7 @@ class Window:
         skipped there counts nothing, without the host knowing yet)."""
         if isinstance(applied, torch.Tensor):
             self.loss_sum += torch.where(applied, total, 0.0)
-            self.loss_targets += torch.where(applied, torch.as_tensor(targets), 0)
+            self.loss_targets += applied * targets  # (an int multiplies on the device)
         elif not applied:
             return
         elif isinstance(self.loss_sum, float):  # read on the host: exact in float64

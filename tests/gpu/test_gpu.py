@@ -204,9 +204,10 @@ def test_fsdp_with_torch_compile_on_two_gpus(tmp_path):
 
 @pytest.mark.world_size(1, 2)
 def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_size, tmp_path):
-    # The default (flags_read auto reads late on CUDA): the skip is on the device, the flags
-    # are read a step on.
-    for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path)):
+    # flags_read late (auto's choice with several ranks; one process reads now by default): the
+    # skip is on the device, the flags are read a step on.
+    overrides = {} if _refddp_world_size > 1 else {"flags_read": "late"}
+    for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path), **overrides):
         assert result["late"] and result["step"] == 48 // _refddp_world_size
 
 

@@ -264,7 +264,8 @@ MUTANTS = (
     ),
     Mutant(
         "ddp-prefixed-keys", "clean checkpoint keys", PARALLEL,
-        "        return self.model.state_dict()", "        return self.wrapped.state_dict()",
+        "        return _on_cpu(self.model.state_dict())",
+        "        return _on_cpu(self.wrapped.state_dict())",
         (f"{T_TRAINER}::test_ddp_checkpoint_loads_strictly_into_a_plain_model_with_identical"
          "_outputs",),
     ),
@@ -586,7 +587,7 @@ MUTANTS = (
     ),
     Mutant(
         "late-loss-count-kept", "flags_read=late: the train loss leaves out skipped steps",
-        WINDOW, "            self.loss_targets += torch.where(applied, torch.as_tensor(targets), 0)",
+        WINDOW, "            self.loss_targets += applied * targets",
         "            self.loss_targets += targets",
         (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
     ),
@@ -627,8 +628,13 @@ MUTANTS = (
     ),
     Mutant(
         "auto-reads-now-on-cuda", "flags_read auto: no host sync per step on CUDA", FLAGS,
-        '    return device.type == "cuda" and c.amp != "fp16" and not no_fused_kernel',
+        '    return device.type == "cuda" and several and c.amp != "fp16" and not no_fused_kernel',
         "    return False",
+        ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
+    ),
+    Mutant(
+        "one-gpu-reads-late", "flags_read auto: one process on one GPU reads now", FLAGS,
+        "    several = world_size > 1\n", "    several = True\n",
         ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
     ),
     Mutant(

@@ -107,19 +107,21 @@ def test_fields_table_matches_the_dataclass():
 
 
 @pytest.mark.parametrize(
-    ("flags", "device", "late"),
+    ("flags", "device", "world_size", "late"),
     [
-        ({}, "cuda", True),  # auto: no host sync per step where one costs
-        ({}, "cpu", False),  # auto: a host read is free on the CPU
-        ({"amp": "bf16"}, "cuda", True),
-        ({"amp": "fp16"}, "cuda", False),  # GradScaler reads its inf check every step anyway
-        ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", False),  # no sharded fused SGD
-        ({"strategy": "fsdp"}, "cuda", True),
-        ({"flags_read": "late"}, "cpu", True),
-        ({"flags_read": "now"}, "cuda", False),
+        ({}, "cuda", 2, True),  # auto: no host sync per step where one costs
+        ({}, "cpu", 2, False),  # auto: a host read is free on the CPU
+        ({}, "cuda", 1, False),  # one process's own loss: the late read's ops cost more
+        ({"amp": "bf16"}, "cuda", 4, True),
+        ({"amp": "fp16"}, "cuda", 2, False),  # GradScaler reads its inf check every step anyway
+        ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", 2, False),  # no sharded fused SGD
+        ({"strategy": "fsdp"}, "cuda", 2, True),
+        ({"flags_read": "late"}, "cpu", 1, True),
+        ({"flags_read": "late"}, "cuda", 1, True),
+        ({"flags_read": "now"}, "cuda", 2, False),
     ],
 )
-def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, late):
+def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, world_size, late):
     from refddp.step_flags import reads_late
 
-    assert reads_late(TrainConfig(**flags), torch.device(device)) is late
+    assert reads_late(TrainConfig(**flags), torch.device(device), world_size) is late
