@@ -66,10 +66,10 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("error: needs a CUDA GPU")
     rows = [run(amp, compiled) for compiled in (False, True) for amp in ("off", "bf16", "fp16")]
-    header = f"{'amp':<5} {'compile':<8} {'step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak mem':>9}"
+    header = f"{'amp':<5} {'compile':<8} {'step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>9}"
     lines = [f"device: {torch.cuda.get_device_name()}", header] + [
         f"{r['amp']:<5} {str(r['compile']):<8} {r['step_ms']:>7.1f}ms {r['samples_per_s']:>10.0f} "
-        f"{r['tflops']:>8.1f} {(r['mfu_vs_bf16_peak'] or 0):>6.1%} {r['peak_memory_gb']:>7.1f}GB"
+        f"{r['tflops']:>8.1f} {(r['mfu_vs_bf16_peak'] or 0):>6.1%} {r['peak_memory_gb']:>9.1f}"
         for r in rows
     ]
     write("gpu_precision", rows, "\n".join(lines))

@@ -1,5 +1,6 @@
 """refddp.train against the loops people would otherwise write: a plain DDP loop (the ceiling)
-and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks.
+and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks (or, with
+``--device cuda``, NCCL ranks of one GPU each).
 
     python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large,gpt2] [--ranks 1,2]
                                           [--log-to tensorboard] [--name NAME] [--device cuda]
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--name", default="trainer_overhead", help="results/NAME.json")
     parser.add_argument("--log-to", default="", help="also run refddp with these trackers on")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: one GPU per rank, NCCL (the baselines pin and fuse as refddp)")
+                        help="cuda: one GPU per rank, NCCL (the baselines pin, copy non_blocking, fuse AdamW)")
     parser.add_argument("--variant", default="",
                         help="also run refddp with these flags added (e.g. '--flags-read now')")
     args = parser.parse_args()

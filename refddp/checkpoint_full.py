@@ -68,12 +68,42 @@ def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     latest = os.path.join(directory, LATEST)
     if os.path.exists(latest):
         link_or_copy(latest, os.path.join(directory, PREVIOUS))
-    save_atomic(state, latest)
+    save_atomic(on_cpu(state), latest)
     if is_best:
         link_or_copy(latest, os.path.join(directory, BEST))
     with writing(directory):
         fsync_path(directory)
     return latest
+
+
+def on_cpu(tree: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:
+    """``tree`` (a checkpoint's dicts, lists and tuples) with every tensor on the CPU, so the
+    file opens where the writer's GPU is absent (FSDP gathers to the CPU already). Tied
+    tensors (the same view twice: an embedding shared with the output layer) stay one
+    tensor; what holds no GPU tensor is returned as it is (a state dict's ``_metadata``
+    kept)."""
+    copies = {} if copies is None else copies
+    if isinstance(tree, torch.Tensor):
+        if tree.device.type == "cpu":
+            return tree
+        key = (tree.device, tree.data_ptr(), tree.dtype, tuple(tree.shape), tree.stride())
+        if key not in copies:
+            copies[key] = tree.detach().cpu()
+        return copies[key]
+    if isinstance(tree, dict):
+        moved = {key: on_cpu(value, copies) for key, value in tree.items()}
+        if all(moved[key] is value for key, value in tree.items()):
+            return tree
+        out = type(tree)(moved)
+        if hasattr(tree, "_metadata"):
+            out._metadata = tree._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(tree, list | tuple):
+        items = [on_cpu(value, copies) for value in tree]
+        if all(new is old for new, old in zip(items, tree, strict=True)):
+            return tree
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree
 
 
 def load_run_state(path: str, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, Any]:

@@ -7,10 +7,9 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``agree(flags)``: every rank learns, per flag, whether any rank raised it. Under DDP the flags
   ride the step's own gradient all-reduce (a comm hook appends them to the first bucket), so the
   per-step agreement costs no extra collective; under FSDP it is one small all-reduce;
-- ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys, on
-  the CPU, torch's own optimizer layout, whatever the strategy: a checkpoint moves freely
-  between DDP, FSDP, one process and machines without the writer's GPU) and ``load_state``
-  (the reverse).
+- ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
+  torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
+  FSDP and one process) and ``load_state`` (the reverse).
 """
 
 from __future__ import annotations
@@ -79,10 +78,10 @@ class Parallel:
         return nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def model_state_dict(self) -> dict[str, Any]:
-        return _on_cpu(self.model.state_dict())
+        return self.model.state_dict()
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return _on_cpu(optimizer.state_dict())
+        return optimizer.state_dict()
 
     def load_state(
         self,
@@ -340,15 +339,3 @@ def build_parallel(model: nn.Module, c: TrainConfig, ctx: DistContext) -> Parall
     if c.strategy == "fsdp":
         return FullyShardedParallel(model, c, ctx)
     return Parallel(model, c, ctx)
-
-
-def _on_cpu(tree: Any) -> Any:
-    """``tree`` (dicts and lists of tensors) with every tensor on the CPU, as FSDP's
-    ``cpu_offload`` gives it: the checkpoint opens where the writer's GPU is absent."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {key: _on_cpu(value) for key, value in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_on_cpu(value) for value in tree)
-    return tree

@@ -1,4 +1,4 @@
-"""``flags_read=late`` (the default on CUDA, run here on the CPU): each step's agreement, read
+"""``flags_read=late`` (the default on CUDA with several ranks, run here on the CPU): each step's agreement, read
 a step later.
 
 The non-finite skip happens on the device (a fused optimizer's ``found_inf``), and the host

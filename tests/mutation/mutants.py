@@ -264,10 +264,19 @@ MUTANTS = (
     ),
     Mutant(
         "ddp-prefixed-keys", "clean checkpoint keys", PARALLEL,
-        "        return _on_cpu(self.model.state_dict())",
-        "        return _on_cpu(self.wrapped.state_dict())",
+        "        return self.model.state_dict()", "        return self.wrapped.state_dict()",
         (f"{T_TRAINER}::test_ddp_checkpoint_loads_strictly_into_a_plain_model_with_identical"
          "_outputs",),
+    ),
+    Mutant(
+        "checkpoint-keeps-gpu-tensors", "a GPU run's checkpoint opens on a machine without it",
+        CKPT_FULL, "    save_atomic(on_cpu(state), latest)", "    save_atomic(state, latest)",
+        ("tests/unit/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
+    ),
+    Mutant(
+        "tied-weights-saved-twice", "a GPU run's checkpoint keeps tied weights one tensor",
+        CKPT_FULL, "        if key not in copies:\n", "        if True:\n",
+        ("tests/unit/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
     ),
     Mutant(
         "write-in-place", "atomic checkpoint writes", RUN_FILES,

@@ -4,6 +4,7 @@ import errno
 import inspect
 import logging
 import os
+from collections import namedtuple
 
 import pytest
 import torch
@@ -197,3 +198,39 @@ def test_every_format_module_provides_the_whole_interface():
             wanted = list(inspect.signature(getattr(interface, method)).parameters)[1:]
             given = list(inspect.signature(getattr(module, method)).parameters)
             assert given[: len(wanted)] == wanted, f"{name}.{method}{given}"
+
+
+class OnAGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (this machine has none): ``.cpu()`` gives the
+    plain tensor, as a CUDA tensor's would."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0)
+
+    def cpu(self) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor).clone()
+
+
+Pair = namedtuple("Pair", "a b")
+
+
+def test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept(tmp_path):
+    shared = torch.ones(2, 3).as_subclass(OnAGpu)
+    state_on_gpu = {**state(), "model_state_dict": {"embed": shared, "head": shared},
+                    "extra": Pair(torch.zeros(1).as_subclass(OnAGpu), 3)}  # fmt: skip
+    ckpt.write_checkpoint(state_on_gpu, str(tmp_path), is_best=False)
+    saved = torch.load(tmp_path / "checkpoints" / ckpt.LATEST, weights_only=False)
+    tensors = [*saved["model_state_dict"].values(), saved["extra"].a]
+    assert all(type(t) is torch.Tensor for t in tensors), [type(t) for t in tensors]
+    assert saved["extra"].b == 3
+    embed, head = saved["model_state_dict"].values()
+    assert embed.untyped_storage().data_ptr() == head.untyped_storage().data_ptr(), "tied: one"
+
+
+def test_a_state_without_gpu_tensors_is_written_as_it_is():
+    from refddp.checkpoint_full import on_cpu
+
+    model_state = nn.BatchNorm1d(2).state_dict()  # an OrderedDict with _metadata
+    whole = {**state(), "model_state_dict": model_state, "rng": [torch.ones(1), (1, 2)]}
+    assert on_cpu(whole) is whole
