@@ -81,7 +81,7 @@ def on_cpu(tree: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:
     file opens where the writer's GPU is absent (FSDP gathers to the CPU already). Tied
     tensors (the same view twice: an embedding shared with the output layer) stay one
     tensor; what holds no GPU tensor is returned as it is (a state dict's ``_metadata``
-    kept)."""
+    kept). Not ``batches.to_device``: that one copies without blocking and keeps no ties."""
     copies = {} if copies is None else copies
     if isinstance(tree, torch.Tensor):
         if tree.device.type == "cpu":

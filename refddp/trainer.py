@@ -123,8 +123,7 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        # the step flags read a step late: a fused optimizer
-        late = reads_late(c, self.device, ctx.world_size)
+        late = reads_late(c, self.device, ctx.world_size)  # flags read late: a fused optimizer
         self.optimizer = build_optimizer(self.model, c, late)  # after FSDP's sharding
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")

@@ -1,5 +1,5 @@
-"""``flags_read=late`` (the default on CUDA with several ranks, run here on the CPU): each step's agreement, read
-a step later.
+"""``flags_read=late`` (the default on CUDA with several ranks, run here on the CPU): each
+step's agreement, read a step later.
 
 The non-finite skip happens on the device (a fused optimizer's ``found_inf``), and the host
 reads the agreed flags only once the next step is queued, so a step needs no host sync. Every
