@@ -82,9 +82,15 @@ def reads_late(c: TrainConfig, device: torch.device, world_size: int) -> bool:
     adds to a step cost more host time than the wait (``benchmarks/README.md``, GPU)."""
     if c.flags_read != "auto":
         return c.flags_read == "late"
-    no_fused_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"
     several = world_size > 1
-    return device.type == "cuda" and several and c.amp != "fp16" and not no_fused_kernel
+    return several and c.amp != "fp16" and fuses_on_cuda(c, device)
+
+
+def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
+    """Whether the optimizer is built fused because the run is on CUDA, where torch has a fused
+    kernel for it (not for FSDP's sharded SGD): one kernel a step instead of a few per
+    parameter group, read late or now (on the CPU torch's default kernels are as fast)."""
+    return device.type == "cuda" and not (c.strategy == "fsdp" and c.optimizer == "sgd")
 
 
 # The target count travels as two float32 parts, each summed exactly over ranks: a float32

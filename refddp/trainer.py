@@ -32,7 +32,14 @@ from refddp.objectives.batches import to_device
 from refddp.parallel import build_parallel, local_tensor
 from refddp.profiler import StepProfiler
 from refddp.schedule import Schedule
-from refddp.step_flags import Agreed, NonFiniteLoss, StepFlags, StopRequest, reads_late
+from refddp.step_flags import (
+    Agreed,
+    NonFiniteLoss,
+    StepFlags,
+    StopRequest,
+    fuses_on_cuda,
+    reads_late,
+)
 from refddp.stragglers import StragglerWatch, straggler_fields, times_vector
 from refddp.sync_batchnorm import convert_sync_batchnorm
 from refddp.trackers.base import Run, Trackers
@@ -43,7 +50,7 @@ log = logging.getLogger("refddp")
 
 
 def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """``fused``: one kernel per step that can skip it on the device (``step_flags``)."""
+    """``fused``: one kernel per step, which can also skip it on the device (``step_flags``)."""
     if c.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
                                weight_decay=c.weight_decay, fused=fused or None)  # fmt: skip
@@ -124,7 +131,8 @@ class Trainer:
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
         late = reads_late(c, self.device, ctx.world_size)  # flags read late: a fused optimizer
-        self.optimizer = build_optimizer(self.model, c, late)  # after FSDP's sharding
+        fused = late or fuses_on_cuda(c, self.device)
+        self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
         self.scaling = self.scaler.is_enabled()
@@ -143,8 +151,9 @@ class Trainer:
         self.flags = StepFlags(self.parallel, self.stop, self.device, late,
                                alone=ctx.world_size == 1)  # fmt: skip
         self.resumed_from = self._resume()
-        # The window sums the loss on the host where the host reads it every step anyway.
-        self.window_on_host = self.device.type == "cpu" and not late
+        # The window sums the loss on the host where the host reads it every step anyway: on
+        # the CPU reading now, and one process reading now (its flags are its loss, read).
+        self.window_on_host = self.flags.alone or (self.device.type == "cpu" and not late)
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
         # other ranks hold none, so the calls below need no rank check.

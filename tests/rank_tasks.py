@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -207,6 +208,21 @@ def fit_full_weights(out: str, **overrides) -> dict:
     }
 
 
+def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
+    """A trainer built on the CPU with ``fuses_on_cuda`` answering ``fuses`` (as it would on a
+    GPU): whether its optimizer runs fused kernels, and whether its flags read late."""
+    import refddp.trainer
+
+    real = refddp.trainer.fuses_on_cuda
+    refddp.trainer.fuses_on_cuda = lambda c, device: fuses
+    try:
+        trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    finally:
+        refddp.trainer.fuses_on_cuda = real
+    fused = [bool(g.get("fused")) for g in trainer.optimizer.param_groups]
+    return {"fused": fused, "late": trainer.flags.late}
+
+
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
     """``fit_full_weights``, with SIGTERM sent to ``signalled_rank`` alone right after its
     step ``step`` (the other ranks learn of it at the next step's agreement)."""
@@ -337,6 +353,41 @@ def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
     trainer.train_step = strict
     result = trainer.fit()
     return {"step": result["step"], "late": trainer.flags.late}
+
+
+def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
+    """``fit`` on one GPU (flags read now: auto's choice for one process) with CUDA's sync debug
+    mode set to "warn" inside every optimizer step but the first two: the host syncs each of
+    those steps made, whether the optimizer was fused and where the loss window summed."""
+    c = tiny_config(out, device="cuda", dtype="float32")
+    trainer = Trainer(c, init_distributed("cuda"))
+    train_step, syncs = trainer.train_step, []
+    with warnings.catch_warnings(record=True) as caught:  # the mode's own first switch: a sync
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        torch.cuda.set_sync_debug_mode("default")
+    first_switch = len(caught)
+
+    def counted(batches):
+        if trainer.pos.step < 2:
+            return train_step(batches)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return train_step(batches)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.append(sum("synchroniz" in str(w.message) for w in caught))
+
+    trainer.train_step = counted
+    trainer.fit()
+    return {
+        "syncs": syncs,
+        "fused": bool(trainer.optimizer.defaults["fused"]),
+        "window_on_host": isinstance(trainer.window.loss_sum, float),
+        "first_switch": first_switch,
+    }
 
 
 def config_after_taking_rank0s(fields: list[dict], given: list[list[str]]) -> dict | str:

@@ -16,7 +16,12 @@ import refddp
 from refddp import checkpoint_dcp
 from refddp.testing.gpus import gpu_skip_reason
 from tests.cli_runs import REPO
-from tests.rank_tasks import fit_on_gpu_raising_on_host_syncs, nccl_gradients, nccl_rank_sum
+from tests.rank_tasks import (
+    fit_on_gpu_raising_on_host_syncs,
+    fit_on_one_gpu_counting_host_syncs,
+    nccl_gradients,
+    nccl_rank_sum,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -209,6 +214,15 @@ def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_s
     overrides = {} if _refddp_world_size > 1 else {"flags_read": "late"}
     for result in spawn(fit_on_gpu_raising_on_host_syncs, str(tmp_path), **overrides):
         assert result["late"] and result["step"] == 48 // _refddp_world_size
+
+
+@pytest.mark.world_size(1)
+def test_one_gpu_syncs_once_a_step_to_read_its_loss_and_steps_fused(spawn, tmp_path):
+    # The flags read now (auto for one process): one host sync a step, the loss's read; the
+    # window sums that read on the host, and the optimizer runs torch's fused kernel.
+    (result,) = spawn(fit_on_one_gpu_counting_host_syncs, str(tmp_path))
+    assert result["syncs"] and set(result["syncs"]) == {1}, result["syncs"]
+    assert result["fused"] and result["window_on_host"]
 
 
 def test_the_profiler_writes_a_trace_with_gpu_kernels_and_a_memory_snapshot(tmp_path):

@@ -21,6 +21,7 @@ from tests.rank_tasks import (
     fit_full_weights,
     fit_recording_host_reads,
     fit_signalled_after_step,
+    optimizer_where_cuda_fuses,
 )
 
 ROUNDING = {"rtol": 1e-9, "atol": 1e-12}  # float64: fused and foreach kernels round apart
@@ -119,3 +120,15 @@ def test_a_run_resumes_across_flags_read_with_this_invocations_kernels(
     assert resumed["resumed_from"] and resumed["step"] == straight["step"]
     assert resumed["fused"], "the resumed optimizer runs this invocation's fused kernels"
     assert_same_weights(resumed["weights"], straight["weights"], **ROUNDING)
+
+
+@pytest.mark.world_size(1)
+@pytest.mark.parametrize("fuses", [True, False])
+def test_the_trainer_fuses_its_optimizer_reading_now_where_cuda_has_the_kernel(
+    spawn, tmp_path, fuses
+):
+    # On CUDA the optimizer is fused whether the flags are read now or late (one kernel a step):
+    # the trainer asks fuses_on_cuda, stood in for here since the CPU never answers yes.
+    (result,) = spawn(optimizer_where_cuda_fuses, str(tmp_path), fuses)
+    assert not result["late"], "one process reads now"
+    assert result["fused"] == [fuses], result

@@ -637,7 +637,7 @@ MUTANTS = (
     ),
     Mutant(
         "auto-reads-now-on-cuda", "flags_read auto: no host sync per step on CUDA", FLAGS,
-        '    return device.type == "cuda" and several and c.amp != "fp16" and not no_fused_kernel',
+        '    return several and c.amp != "fp16" and fuses_on_cuda(c, device)',
         "    return False",
         ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
     ),
@@ -645,6 +645,17 @@ MUTANTS = (
         "one-gpu-reads-late", "flags_read auto: one process on one GPU reads now", FLAGS,
         "    several = world_size > 1\n", "    several = True\n",
         ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
+    ),
+    Mutant(
+        "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
+        FLAGS, '    return device.type == "cuda" and not (c.strategy == "fsdp" and c.optimizer == "sgd")',
+        '    return device.type == "cuda"',
+        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+    ),
+    Mutant(
+        "cuda-reading-now-unfused", "on CUDA the optimizer is fused, read now or late", TRAINER,
+        "        fused = late or fuses_on_cuda(c, self.device)\n", "        fused = late\n",
+        (f"{T_FLAGS}::test_the_trainer_fuses_its_optimizer_reading_now_where_cuda_has_the_kernel",),
     ),
     Mutant(
         "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",

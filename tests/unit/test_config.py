@@ -80,8 +80,10 @@ def test_yaml_values_are_type_checked(tmp_path):
         (["--num-classes", "1"], r"^num_classes: must be >= 2"),
         (["--flags-read", "late", "--amp", "fp16"], r"^flags_read: late cannot be used with amp"),
         (["--flags-read", "soon"], r"--flags-read: invalid choice: .soon."),
-        (["--flags-read", "late", "--strategy", "fsdp", "--optimizer", "sgd"],
-         r"^flags_read: late needs a fused optimizer, and torch has no fused SGD for"),
+        (
+            ["--flags-read", "late", "--strategy", "fsdp", "--optimizer", "sgd"],
+            r"^flags_read: late needs a fused optimizer, and torch has no fused SGD for",
+        ),
     ],
 )
 def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
@@ -125,3 +127,19 @@ def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, world
     from refddp.step_flags import reads_late
 
     assert reads_late(TrainConfig(**flags), torch.device(device), world_size) is late
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "fused"),
+    [
+        ({}, "cuda", True),  # read now or late, one kernel a step
+        ({"optimizer": "sgd"}, "cuda", True),
+        ({"strategy": "fsdp"}, "cuda", True),
+        ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", False),  # no sharded fused SGD
+        ({}, "cpu", False),  # torch's default kernels
+    ],
+)
+def test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel(flags, device, fused):
+    from refddp.step_flags import fuses_on_cuda
+
+    assert fuses_on_cuda(TrainConfig(**flags), torch.device(device)) is fused
