@@ -87,10 +87,14 @@ def reads_late(c: TrainConfig, device: torch.device, world_size: int) -> bool:
 
 
 def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
-    """Whether the optimizer is built fused because the run is on CUDA, where torch has a fused
-    kernel for it (not for FSDP's sharded SGD): one kernel a step instead of a few per
-    parameter group, read late or now (on the CPU torch's default kernels are as fast)."""
-    return device.type == "cuda" and not (c.strategy == "fsdp" and c.optimizer == "sgd")
+    """Whether the optimizer is built fused because the run is on CUDA: one kernel a step
+    instead of a few per parameter group, read late or now (the CPU keeps torch's default).
+    Not SGD under FSDP (torch has no fused SGD for sharded parameters) nor under amp fp16:
+    GradScaler hands a fused optimizer its overflow check, and a fused SGD's overflowing
+    first step creates the momentum buffer uninitialised, skips, and leaves it to the next."""
+    no_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"
+    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
+    return device.type == "cuda" and not (no_kernel or skips_unsafely)
 
 
 # The target count travels as two float32 parts, each summed exactly over ranks: a float32

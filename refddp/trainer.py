@@ -130,8 +130,8 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        late = reads_late(c, self.device, ctx.world_size)  # flags read late: a fused optimizer
-        fused = late or fuses_on_cuda(c, self.device)
+        late = reads_late(c, self.device, ctx.world_size)  # late needs a fused optimizer,
+        fused = late or fuses_on_cuda(c, self.device)  # and CUDA fuses where it can anyway
         self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")

@@ -19,7 +19,7 @@ class Window:
 
     The loss is summed over the targets of the steps whose update was applied, in float64, on
     the device (no host sync per step) or, where the host reads every step's loss anyway (on
-    the CPU, flags read now), on the host; an evaluation all-reduces it.
+    the CPU and for one process, flags read now), on the host; an evaluation all-reduces it.
     """
 
     loss_sum: torch.Tensor | float

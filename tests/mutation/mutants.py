@@ -648,13 +648,19 @@ MUTANTS = (
     ),
     Mutant(
         "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
-        FLAGS, '    return device.type == "cuda" and not (c.strategy == "fsdp" and c.optimizer == "sgd")',
-        '    return device.type == "cuda"',
+        FLAGS, '    no_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"\n',
+        "    no_kernel = False\n",
+        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+    ),
+    Mutant(
+        "fused-sgd-under-fp16", "fp16's skipped first step never leaves SGD's momentum unset",
+        FLAGS, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
+        "    skips_unsafely = False\n",
         ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
     ),
     Mutant(
         "cuda-reading-now-unfused", "on CUDA the optimizer is fused, read now or late", TRAINER,
-        "        fused = late or fuses_on_cuda(c, self.device)\n", "        fused = late\n",
+        "        fused = late or fuses_on_cuda(c, self.device)", "        fused = late",
         (f"{T_FLAGS}::test_the_trainer_fuses_its_optimizer_reading_now_where_cuda_has_the_kernel",),
     ),
     Mutant(

@@ -136,6 +136,8 @@ def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, world
         ({"optimizer": "sgd"}, "cuda", True),
         ({"strategy": "fsdp"}, "cuda", True),
         ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", False),  # no sharded fused SGD
+        ({"optimizer": "sgd", "amp": "fp16"}, "cuda", False),  # a skip leaves momentum unset
+        ({"amp": "fp16"}, "cuda", True),  # AdamW's state starts at zero, its skip rolls back
         ({}, "cpu", False),  # torch's default kernels
     ],
 )
