@@ -32,15 +32,19 @@ MODELS = {
     "demo": {"hidden_size": 128, "depth": 2},
     "large": {"hidden_size": 512, "depth": 4},
     "gpt2": {"hidden_size": 64, "depth": 2},
+    # GPT-2 at a size where one GPU's compute outlasts the host's work (its data fetched on
+    # the main thread, num_workers=0): the regime where a host sync each step idles the device.
+    "gpt2_wide": {"hidden_size": 768, "depth": 6},
 }
 GLOBAL_BATCH = 256
 TRAIN_SIZE = 16384
 VAL_SIZE = 2048
-EPOCHS = {"demo": 12, "large": 3, "gpt2": 3}  # demo: 11 steady epochs of ~0.1-0.25 s
+EPOCHS = {"demo": 12, "large": 3, "gpt2": 3, "gpt2_wide": 2}  # demo: 11 steady epochs of ~0.1-0.25 s
 LR = 3e-3
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
 # GPT-2: 64-byte contexts, 16 sequences (~640 target tokens) per step, 64 steps per epoch.
 GPT2 = {"input_dim": 64, "train_size": 1024, "val_size": 64, "global_batch": 16}
+GPT2_WIDE = {**GPT2, "train_size": 4096, "global_batch": 64}  # 64 steps per epoch too
 # The GPT-2 job's model and data are examples/gpt2_bytes.py, imported from the repository root
 # (the baseline scripts run with this directory, not the root, first on sys.path).
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,16 +83,20 @@ class Job:
     @property
     def tokens(self) -> bool:
         """Throughput counts target tokens (GPT-2), else samples."""
-        return self.model == "gpt2"
+        return self.model.startswith("gpt2")
+
+    @property
+    def gpt2(self) -> dict[str, int]:
+        return GPT2_WIDE if self.model == "gpt2_wide" else GPT2
 
     @property
     def global_batch(self) -> int:
-        return GPT2["global_batch"] if self.tokens else GLOBAL_BATCH
+        return self.gpt2["global_batch"] if self.tokens else GLOBAL_BATCH
 
     def refddp_flags(self) -> list[str]:
         """The same job as ``python -m refddp.train`` flags."""
         shape = MODELS[self.model]
-        sizes = (GPT2["train_size"], GPT2["val_size"]) if self.tokens else (TRAIN_SIZE, VAL_SIZE)
+        sizes = (self.gpt2["train_size"], self.gpt2["val_size"]) if self.tokens else (TRAIN_SIZE, VAL_SIZE)
         flags = [
             f"--hidden-size={shape['hidden_size']}",
             f"--depth={shape['depth']}",
@@ -103,7 +111,7 @@ class Job:
         ]
         if self.tokens:
             flags += ["--model=examples.gpt2_bytes:model", "--data=examples.gpt2_bytes:data",
-                      "--loss=model", "--dropout=0", f"--input-dim={GPT2['input_dim']}"]  # fmt: skip
+                      "--loss=model", "--dropout=0", f"--input-dim={self.gpt2['input_dim']}"]  # fmt: skip
         return flags
 
     def config(self):  # type: ignore[no-untyped-def]

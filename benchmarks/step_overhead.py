@@ -1,6 +1,7 @@
 """What refddp's training step costs over a plain DDP step, measured inside one process.
 
     python benchmarks/step_overhead.py [--blocks 40] [--steps 16] [--models demo,large] [--ranks 1,2]
+                                       [--device cuda] [--variant FLAGS]
 
 trainer_overhead.py compares whole runs, whose throughput on this shared 2-core machine moves
 by 20-30% from one run to the next: more than the overhead it looks for. Here each rank holds
@@ -11,13 +12,21 @@ model), in alternating blocks of ``--steps`` steps. Both loops see the same mach
 the same moment, so the median time per step of each, and their ratio, is steady to a few
 percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
 not steps.
+
+``--device cuda``: NCCL ranks of one GPU each; the plain loop runs torch's fused AdamW and
+copies pinned batches with ``non_blocking``, as plain_ddp_loop.py does, and each block is
+timed from a synchronised device to a synchronised device, so work a loop leaves queued is
+counted in its own block. ``--variant FLAGS``: a third loop, refddp's with FLAGS added
+(``--flags-read late``, say), its own Trainer in the same process, in the same rotation.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,53 +49,74 @@ from overhead_job import LR, WEIGHT_DECAY, Job  # noqa: E402, I001
 from record import write  # noqa: E402
 
 
-def rank_main(model_name: str, blocks: int, steps: int, out: str) -> None:
+def rank_main(model_name: str, blocks: int, steps: int, out: str, device: str, variant: str) -> None:
     job = Job(model_name)
-    # The job's own flags (as trainer_overhead.py runs it), with epochs enough for every block.
-    cli, _ = parse_cli([*job.refddp_flags(), "--epochs=1000", "--no-progress", "--resume=never",
-                        f"--out={out}"])  # fmt: skip
-    c = merge(cli, {})
-    ctx = init_distributed("cpu")
+
+    def config(extra: list[str]):  # type: ignore[no-untyped-def]
+        # The job's own flags (as trainer_overhead.py runs it), epochs enough for every block.
+        cli, _ = parse_cli([*job.refddp_flags(), "--epochs=1000", "--no-progress", "--resume=never",
+                            f"--out={out}", f"--device={device}", *extra])  # fmt: skip
+        return merge(cli, {})
+
+    c = config([])
+    ctx = init_distributed(device)
     world, rank = ctx.world_size, ctx.rank
     stacks = os.path.join(out, "stacks", f"rank{rank}.txt")
     with HangWatchdog(stacks, c.timeout) as watchdog:
-        times = measure(Trainer(c, ctx, watchdog), job, world, rank, blocks, steps)
+        trainers = {"refddp": Trainer(c, ctx, watchdog)}
+        if variant:
+            trainers["variant"] = Trainer(config(shlex.split(variant)), ctx, watchdog)
+        times = measure(trainers, job, torch.device(ctx.device), world, rank, blocks, steps)
     if rank == 0:
         print(json.dumps(times), flush=True)
     dist.destroy_process_group()
 
 
-def measure(trainer: Trainer, job: Job, world: int, rank: int, blocks: int, steps: int) -> dict:
+def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world: int,
+            rank: int, blocks: int, steps: int) -> dict:  # fmt: skip
     """Seconds per step of each loop, per block (after two warm-up blocks of each)."""
-    # Every block starts at a multiple of ``steps`` into an epoch and must not cross its end.
-    assert trainer.sampler.steps_per_epoch % steps == 0, "--steps must divide steps per epoch"
-    trainer.model.train()
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    for trainer in trainers.values():
+        # Every block starts at a multiple of ``steps`` into an epoch and must not cross its end.
+        assert trainer.sampler.steps_per_epoch % steps == 0, "--steps must divide steps per epoch"
+        trainer.model.train()
     model, train, _ = job.build()
-    plain = DDP(model) if world > 1 else model
-    opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    model = model.to(device)
+    plain = DDP(model, device_ids=[device] if cuda else None) if world > 1 else model
+    opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                            fused=cuda or None)  # fmt: skip
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
-    loader = job.loader(train, job.global_batch // world, sampler=sampler, drop_last=True)
+    loader = job.loader(train, job.global_batch // world, device.type, sampler=sampler,
+                        drop_last=True)  # fmt: skip
 
-    def refddp_block() -> float:
+    def refddp_block(trainer: Trainer) -> float:
         batches = trainer.epoch_batches()
+        sync()
         begin = time.perf_counter()
         for _ in range(steps):
             trainer.train_step(batches)
+        sync()
         return (time.perf_counter() - begin) / steps
 
     def plain_block() -> float:
         batches = iter(loader)
+        sync()
         begin = time.perf_counter()
         for _ in range(steps):
-            batch = next(batches)
+            batch = job.to(next(batches), device)
             opt.zero_grad(set_to_none=True)
             job.loss(plain, batch).backward()
             opt.step()
+        sync()
         return (time.perf_counter() - begin) / steps
 
-    times: dict[str, list[float]] = {"refddp": [], "plain": []}
+    loops = [(name, functools.partial(refddp_block, t)) for name, t in trainers.items()]
+    loops.append(("plain", plain_block))
+    times: dict[str, list[float]] = {name: [] for name, _ in loops}
     for block in range(blocks + 2):  # the first two of each warm up
-        for name, run in (("refddp", refddp_block), ("plain", plain_block))[:: 1 - 2 * (block % 2)]:
+        shift = block % len(loops)  # a rotating order: no loop always runs after the same one
+        for name, run in loops[shift:] + loops[:shift]:
             if world > 1:
                 dist.barrier()
             t = run()
@@ -101,10 +131,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="steps per block (must divide the steps per epoch)")
     parser.add_argument("--models", default="demo,large,gpt2")
     parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--variant", default="", help="refddp flags for a third loop")
+    parser.add_argument("--name", default="step_overhead", help="results/NAME.json")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
-        rank_main(args.rank_main[0], args.blocks, args.steps, args.rank_main[1])
+        rank_main(args.rank_main[0], args.blocks, args.steps, args.rank_main[1], args.device,
+                  args.variant)  # fmt: skip
         return
     load_before = os.getloadavg()[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -115,6 +149,7 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        "--nproc-per-node", str(ranks), os.path.abspath(__file__),
                        "--blocks", str(args.blocks), "--steps", str(args.steps),
+                       "--device", args.device, "--variant", args.variant,
                        "--rank-main", model, out]  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                                       cwd=os.path.dirname(HERE))  # fmt: skip
@@ -134,9 +169,14 @@ def main() -> None:
                 f"{entry['throughput_vs_plain']:.3f}x (paired blocks {entry['paired_throughput_vs_plain']:.3f}x)"
                 f" | overhead {entry['overhead_us_per_step']:+.0f} us/step"
             )
+            if "variant" in med:
+                entry["variant"] = args.variant
+                entry["variant_throughput_vs_plain"] = med["plain"] / med["variant"]
+                rows[-1] += (f" | variant ({args.variant}) {med['variant'] * 1e3:7.3f} ms, "
+                             f"{entry['variant_throughput_vs_plain']:.3f}x")  # fmt: skip
             print(rows[-1], flush=True)
-    header = f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps per loop, in one process per rank"
-    write("step_overhead", results, "\n".join([header, *rows]), load_before)
+    header = f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps per loop, in one process per rank ({args.device})"
+    write(args.name, results, "\n".join([header, *rows]), load_before)
 
 
 if __name__ == "__main__":

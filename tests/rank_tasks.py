@@ -13,6 +13,7 @@ from refddp.checkpoint import unwrap
 from refddp.config import TrainConfig
 from refddp.dist import init_distributed
 from refddp.evaluation import evaluate
+from refddp.step_flags import Alone
 from refddp.testing import record_collectives
 from refddp.trainer import Trainer
 
@@ -358,10 +359,20 @@ def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
 def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     """``fit`` on one GPU (flags read now: auto's choice for one process) with CUDA's sync debug
     mode set to "warn" inside every optimizer step but the first two: the host syncs each of
-    those steps made, whether the optimizer was fused and where the loss window summed."""
+    those steps made, the losses the steps read (from the copy their send started), whether the
+    optimizer was fused and where the loss window summed."""
     c = tiny_config(out, device="cuda", dtype="float32")
     trainer = Trainer(c, init_distributed("cuda"))
-    train_step, syncs = trainer.train_step, []
+    train_step, syncs, read = trainer.train_step, [], trainer.flags.read
+    losses: list[tuple[bool, float]] = []
+
+    def reading(flags):  # type: ignore[no-untyped-def]
+        agreed = read(flags)
+        if isinstance(flags, Alone):  # a step's (a save reads its stop flags too)
+            losses.append((flags.copied, agreed.loss))
+        return agreed
+
+    trainer.flags.read = reading
     with warnings.catch_warnings():  # the mode's own first switch syncs: made before counting
         warnings.simplefilter("ignore")
         torch.cuda.set_sync_debug_mode("warn")
@@ -383,6 +394,7 @@ def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     trainer.fit()
     return {
         "syncs": syncs,
+        "losses": losses,
         "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
         "window_on_host": isinstance(trainer.window.loss_sum, float),
     }

@@ -217,11 +217,17 @@ def test_a_training_step_on_gpus_never_waits_for_the_host(spawn, _refddp_world_s
 
 
 @pytest.mark.world_size(1)
-def test_one_gpu_syncs_once_a_step_to_read_its_loss_and_steps_fused(spawn, tmp_path):
-    # The flags read now (auto for one process): one host sync a step, the loss's read; the
-    # window sums that read on the host, and the optimizer runs torch's fused kernel.
+def test_one_gpu_reads_its_loss_each_step_without_a_stream_sync_and_steps_fused(spawn, tmp_path):
+    # The flags read now (auto for one process): each step reads its loss from the copy its
+    # send started before the backward, waiting on that copy's event, not on the stream (no
+    # sync the debug mode sees); the window sums those reads on the host, and the optimizer
+    # runs torch's fused kernel.
     (result,) = spawn(fit_on_one_gpu_counting_host_syncs, str(tmp_path))
-    assert result["syncs"] and set(result["syncs"]) == {1}, result["syncs"]
+    assert result["syncs"] and set(result["syncs"]) == {0}, result["syncs"]
+    losses = result["losses"]
+    assert len(losses) == len(result["syncs"]) + 2, "one read a step"
+    assert all(copied and 0 < loss < 10 for copied, loss in losses), losses
+    assert len({loss for _, loss in losses}) > 1, "each step's own loss"
     assert result["fused"] and result["window_on_host"]
 
 

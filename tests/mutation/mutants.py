@@ -518,8 +518,21 @@ MUTANTS = (
          "_on_the_host_and_with_them_on_the_device",),
     ),
     Mutant(
+        "one-gpu-reads-its-flags-after-the-backward", "one GPU reading now waits for its "
+        "forward only", FLAGS, "return Alone(step_loss, targets, copied=self._early is not None)",
+        "return Alone(step_loss, targets)",
+        (f"{T_LOCAL_FLAGS}::test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends"
+         "_them",),
+    ),
+    Mutant(
+        "one-gpu-count-not-copied", "one GPU reading now waits for its forward only", FLAGS,
+        "            count.copy_(targets.reshape(()), non_blocking=True)\n", "            pass\n",
+        (f"{T_LOCAL_FLAGS}::test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends"
+         "_them",),
+    ),
+    Mutant(
         "one-process-count-in-float32", "one process's target count is exact", FLAGS,
-        "float(flags.targets)", "float(torch.as_tensor(flags.targets).float())",
+        "targets = float(count)", "targets = float(torch.as_tensor(count).float())",
         (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
          "_reads_its_own_stop",),
     ),

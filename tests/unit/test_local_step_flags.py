@@ -82,3 +82,22 @@ def test_one_process_reading_now_sends_its_loss_and_exact_count_and_reads_its_ow
     late = StepFlags(_Sent(), stop, torch.device("cpu"), late=True, alone=True)
     sent_late = late.send(torch.tensor(2.5), 3)
     assert len(sent_late) == full and late.parallel.flags is sent_late  # rides the all-reduce
+
+
+
+def test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends_them():
+    # On CUDA (stood in here on the CPU) the loss and a counted target count leave for the
+    # host when the step sends them, before its backward is queued; read waits for that copy
+    # alone. A read of the tensors instead (after the backward) would see what they hold then.
+    flags = StepFlags(None, StopRequest(), torch.device("cpu"), late=False, alone=True,
+                      copy_early=True)  # fmt: skip
+    big = 2**24 + 3  # not a float32
+    loss, count = torch.tensor(2.5), torch.tensor([big])
+    sent = flags.send(loss, count)
+    loss.add_(1.0)
+    count.add_(1)
+    assert sent.copied and flags.read(sent) == (False, 0, big, 2.5)
+    inf = flags.read(flags.send(torch.tensor(float("inf")), 7))  # a count known on the host
+    assert inf.nonfinite and inf.targets == 7
+    on_cpu = StepFlags(None, StopRequest(), torch.device("cpu"), late=False, alone=True)
+    assert on_cpu._early is None, "the CPU reads its flags where they are"
