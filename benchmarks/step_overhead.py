@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import shlex
@@ -114,9 +115,9 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
     loops = [(name, functools.partial(refddp_block, t)) for name, t in trainers.items()]
     loops.append(("plain", plain_block))
     times: dict[str, list[float]] = {name: [] for name, _ in loops}
+    orders = list(itertools.permutations(loops))  # in turn: no loop always follows the same one
     for block in range(blocks + 2):  # the first two of each warm up
-        shift = block % len(loops)  # a rotating order: no loop always runs after the same one
-        for name, run in loops[shift:] + loops[:shift]:
+        for name, run in orders[block % len(orders)]:
             if world > 1:
                 dist.barrier()
             t = run()

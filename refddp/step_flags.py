@@ -168,6 +168,8 @@ class StepFlags:
         # reads them where they are): [loss sum, target count] as float64, and the copy's event.
         early = self.alone and (pinned if copy_early is None else copy_early)
         self._early = torch.empty(2, dtype=torch.float64, pin_memory=pinned) if early else None
+        # Its wait spins, as .item()'s did: the forward is mostly done by the time the backward
+        # is queued, and a sleeping wait's wake-up would sit on every step's critical path.
         self._early_ready = torch.cuda.Event() if early and pinned else None
 
     def late_for(self, optimizer: torch.optim.Optimizer) -> bool:

@@ -84,7 +84,6 @@ def test_one_process_reading_now_sends_its_loss_and_exact_count_and_reads_its_ow
     assert len(sent_late) == full and late.parallel.flags is sent_late  # rides the all-reduce
 
 
-
 def test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends_them():
     # On CUDA (stood in here on the CPU) the loss and a counted target count leave for the
     # host when the step sends them, before its backward is queued; read waits for that copy
