@@ -42,9 +42,10 @@ VAL_SIZE = 2048
 EPOCHS = {"demo": 12, "large": 3, "gpt2": 3, "gpt2_wide": 2}  # demo: 11 steady epochs of ~0.1-0.25 s
 LR = 3e-3
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
-# GPT-2: 64-byte contexts, 16 sequences (~640 target tokens) per step, 64 steps per epoch.
+# The token jobs' data: 64-byte contexts, 16 sequences (~640 target tokens) per step (64 for
+# the wide one), 64 steps per epoch.
 GPT2 = {"input_dim": 64, "train_size": 1024, "val_size": 64, "global_batch": 16}
-GPT2_WIDE = {**GPT2, "train_size": 4096, "global_batch": 64}  # 64 steps per epoch too
+TOKEN_JOBS = {"gpt2": GPT2, "gpt2_wide": {**GPT2, "train_size": 4096, "global_batch": 64}}
 # The GPT-2 job's model and data are examples/gpt2_bytes.py, imported from the repository root
 # (the baseline scripts run with this directory, not the root, first on sys.path).
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,11 +84,11 @@ class Job:
     @property
     def tokens(self) -> bool:
         """Throughput counts target tokens (GPT-2), else samples."""
-        return self.model.startswith("gpt2")
+        return self.model in TOKEN_JOBS
 
     @property
     def gpt2(self) -> dict[str, int]:
-        return GPT2_WIDE if self.model == "gpt2_wide" else GPT2
+        return TOKEN_JOBS[self.model]
 
     @property
     def global_batch(self) -> int:

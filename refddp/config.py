@@ -512,7 +512,7 @@ def validate(c: TrainConfig) -> None:
             "flags_read: late cannot be used with amp fp16 (its gradient scaler reads its "
             "inf check every step); use flags_read auto or now"
         )
-    if c.flags_read == "late" and c.strategy == "fsdp" and c.optimizer == "sgd":
+    if c.flags_read == "late" and not has_fused_kernel(c):
         raise ConfigError(
             "flags_read: late needs a fused optimizer, and torch has no fused SGD for "
             "--strategy fsdp's sharded parameters; use --optimizer adamw or flags_read now"
@@ -541,6 +541,12 @@ def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
         raise ConfigError(f"{name}: must be >= {low}, got {value}")
     if above is not None and not value > above:
         raise ConfigError(f"{name}: must be > {above}{policy['unit']}, got {value}")
+
+
+def has_fused_kernel(c: TrainConfig) -> bool:
+    """Whether torch has a fused kernel for this optimizer under this strategy: not SGD over
+    FSDP's sharded parameters (``flags_read=late`` needs one; CUDA uses one where it can)."""
+    return not (c.strategy == "fsdp" and c.optimizer == "sgd")
 
 
 def profile_window(spec: str) -> tuple[int, int]:

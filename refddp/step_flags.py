@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from refddp.config import TrainConfig
+from refddp.config import TrainConfig, has_fused_kernel
 
 log = logging.getLogger("refddp")
 
@@ -97,7 +97,7 @@ def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
     Not SGD under FSDP (torch has no fused SGD for sharded parameters) nor under amp fp16:
     GradScaler hands a fused optimizer its overflow check, and a fused SGD's overflowing
     first step creates the momentum buffer uninitialised, skips, and leaves it to the next."""
-    no_kernel = c.strategy == "fsdp" and c.optimizer == "sgd"
+    no_kernel = not has_fused_kernel(c)
     skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
     return device.type == "cuda" and not (no_kernel or skips_unsafely)
 
@@ -124,12 +124,11 @@ class Agreed(NamedTuple):
 
 
 class Alone(NamedTuple):
-    """One process's flags, read now: its step's loss sum and target count, as it had them;
-    ``copied``: on their way to the host already (``StepFlags.copy_early``)."""
+    """One process's flags, read now: its step's loss sum and target count, as it had them
+    (on one GPU also on their way to the host already: ``StepFlags.copy_early``)."""
 
     loss_sum: torch.Tensor
     targets: torch.Tensor | int
-    copied: bool = False
 
 
 class Verdict(NamedTuple):
@@ -167,7 +166,9 @@ class StepFlags:
         # Where one process copies its flags to the host when they are sent (on CUDA; the CPU
         # reads them where they are): [loss sum, target count] as float64, and the copy's event.
         early = self.alone and (pinned if copy_early is None else copy_early)
-        self._early = torch.empty(2, dtype=torch.float64, pin_memory=pinned) if early else None
+        buffer = torch.empty(2, dtype=torch.float64, pin_memory=pinned) if early else None
+        self._early = buffer
+        self._early_slots = buffer.unbind() if buffer is not None else ()  # one copy each
         # Its wait spins, as .item()'s did: the forward is mostly done by the time the backward
         # is queued, and a sleeping wait's wake-up would sit on every step's critical path.
         self._early_ready = torch.cuda.Event() if early and pinned else None
@@ -206,7 +207,7 @@ class StepFlags:
         if self.alone:
             if self._early is not None:
                 self.copy_early(step_loss, targets)
-            return Alone(step_loss, targets, copied=self._early is not None)
+            return Alone(step_loss, targets)
         flags = self.local(step_loss, targets)
         self.parallel.set_flags(flags)
         return flags
@@ -214,8 +215,7 @@ class StepFlags:
     def copy_early(self, step_loss: torch.Tensor, targets: torch.Tensor | int) -> None:
         """Start copying one process's loss sum (and its target count, where counted on the
         device) to the host; ``read`` waits for the copy alone, not for what was queued after."""
-        assert self._early is not None
-        loss, count = self._early  # views of one pinned buffer: one copy each, non-blocking
+        loss, count = self._early_slots  # of one pinned buffer: non-blocking copies
         loss.copy_(step_loss.detach().reshape(()), non_blocking=True)
         if isinstance(targets, torch.Tensor):
             count.copy_(targets.reshape(()), non_blocking=True)
@@ -231,8 +231,7 @@ class StepFlags:
     def read(self, flags: torch.Tensor | Alone) -> Agreed:
         """Agree on ``flags`` and read them now (a host sync)."""
         if isinstance(flags, Alone):  # float64 from here: a count past 2**24 stays exact
-            if flags.copied:
-                assert self._early is not None
+            if self._early is not None:  # copied when sent
                 if self._early_ready is not None:
                     self._early_ready.synchronize()  # the copy, queued before the backward
                 loss_sum, counted = self._early.tolist()

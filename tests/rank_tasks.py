@@ -364,12 +364,12 @@ def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     c = tiny_config(out, device="cuda", dtype="float32")
     trainer = Trainer(c, init_distributed("cuda"))
     train_step, syncs, read = trainer.train_step, [], trainer.flags.read
-    losses: list[tuple[bool, float]] = []
+    losses: list[float] = []
 
     def reading(flags):  # type: ignore[no-untyped-def]
         agreed = read(flags)
         if isinstance(flags, Alone):  # a step's (a save reads its stop flags too)
-            losses.append((flags.copied, agreed.loss))
+            losses.append(agreed.loss)
         return agreed
 
     trainer.flags.read = reading
@@ -395,6 +395,7 @@ def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     return {
         "syncs": syncs,
         "losses": losses,
+        "copies_early": trainer.flags._early is not None,
         "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
         "window_on_host": isinstance(trainer.window.loss_sum, float),
     }
