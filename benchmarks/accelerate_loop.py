@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, parse_args, report  # noqa: E402, I001
+from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -62,6 +62,7 @@ def main() -> None:
     if accelerator.is_main_process:
         report(clock, total / count)
     accelerator.end_training()
+    end()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -213,6 +213,21 @@ def report(clock: EpochClock, val_score: float) -> None:
     per second)."""
     print(json.dumps({"samples_per_s": clock.samples_per_s(), "val_score": val_score}),
           flush=True)  # fmt: skip
+
+
+def end() -> NoReturn:
+    """Leave a baseline's process once it has reported, without interpreter shutdown.
+
+    torch 2.13 with gloo: the default group outlives ``destroy_process_group`` (DDP imports
+    ``torch.distributed.nn.functional`` after it exists, which binds it as a default
+    argument), and its threads then either run into finalization, which aborts a finished
+    2-rank run (SIGABRT, "terminate called without an active exception"), or, where the group
+    is freed with the model, join while holding the GIL that one of them needs (a hang). refddp
+    avoids both (``refddp/dist.py``: ``teardown``, ``end_process``); a baseline's exit is not
+    what it measures, so it ends the way ``end_process`` does: flush, then ``os._exit``."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def checkpoint_path(out: str) -> str:

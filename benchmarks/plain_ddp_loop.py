@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, parse_args, report  # noqa: E402, I001
+from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -77,6 +77,7 @@ def main() -> None:
         report(clock, float(score[0] / score[1]))
     if distributed:
         dist.destroy_process_group()
+    end()
 
 
 if __name__ == "__main__":

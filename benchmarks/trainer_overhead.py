@@ -40,6 +40,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BASE_RUNNERS = ("plain", "accelerate", "refddp")
 TRACKED = "refddp+tracker"  # refddp with --log-to (this benchmark's --log-to)
 VARIANT = "refddp+variant"  # refddp with this benchmark's --variant flags
+RUN_TIMEOUT_S = 600  # one run of one runner (the longest take ~20 s): past it, a hang
 
 
 def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "",
@@ -59,8 +60,12 @@ def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "",
 def run_once(runner: str, job: Job, ranks: int, out: str, log_to: str, device: str,
              variant: str) -> dict[str, float]:  # fmt: skip
     begin = time.perf_counter()
-    proc = subprocess.run(command(runner, job, ranks, out, log_to, device, variant), env=ENV, cwd=os.path.dirname(HERE),
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    try:
+        proc = subprocess.run(command(runner, job, ranks, out, log_to, device, variant), env=ENV,
+                              cwd=os.path.dirname(HERE), capture_output=True, text=True,
+                              check=False, timeout=RUN_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{runner} ({job.model}, {ranks} rank(s)) ran past {RUN_TIMEOUT_S} s") from None
     wall = time.perf_counter() - begin
     if proc.returncode != 0:
         raise SystemExit(f"{runner} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -87,6 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ()) + ((VARIANT,) if args.variant else ())
     load_before = os.getloadavg()[0]
+    header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
     results, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
@@ -124,8 +130,8 @@ def main() -> None:
                     + (f", {VARIANT} ({args.variant})/plain {entry['variant_throughput_vs_plain']:.3f}x" if args.variant else "")
                 )
                 print(rows[-1], flush=True)
-    header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
-    write(args.name, results, "\n".join([header, *rows]), load_before)
+                # after every cell: a run that fails later keeps what it measured
+                write(args.name, results, "\n".join([header, *rows]), load_before)
 
 
 if __name__ == "__main__":

@@ -976,14 +976,27 @@ MUTANTS = (
          f"{T_TRACKERS}::test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint"),
     ),
     Mutant(
+        "tensorboard-holds-a-full-batch", "TensorBoard gets the logged steps in batches",
+        TENSORBOARD, "if len(self.pending) >= PENDING or now - self.pending[0][2] >= PENDING_S:",
+        "if now - self.pending[0][2] >= PENDING_S:",
+        (f"{T_TRACKER_UNITS}::test_tensorboard_gets_each_logged_step_as_one_event_in_batches",),
+    ),
+    Mutant(
+        "tensorboard-holds-steps-past-a-checkpoint", "trackers flushed before each checkpoint",
+        TENSORBOARD, "        self.hand_over()\n        with writing(self.directory):\n"
+        "            self.writer.flush()\n",
+        "        with writing(self.directory):\n            self.writer.flush()\n",
+        (f"{T_TRACKER_UNITS}::test_tensorboard_gets_each_logged_step_as_one_event_in_batches",),
+    ),
+    Mutant(
         "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
         TRAINER,
         "        self.trackers.flush()  # what they logged up to here survives a kill: resume "
         "goes on\n",
         "",
-        # TensorBoard's writer appends each event to the file as its thread takes it from the
-        # queue: a real kill loses only what is still queued, a race no test can time; the
-        # test counts the flushes (one per checkpoint, before it is written).
+        # What a real kill loses without it (the tracker's pending batch, the writer's queue)
+        # depends on when the kill lands, a race no test can time; the test counts the
+        # flushes (one per checkpoint, before it is written).
         (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
     ),
     Mutant(

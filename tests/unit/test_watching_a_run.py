@@ -104,3 +104,50 @@ def test_the_slowest_rank_is_the_one_with_most_compute_and_data_wait_per_step():
     assert found["straggler_lag_s"] == pytest.approx(0.015 - 0.011)
     assert found["straggler_lag_share"] == pytest.approx(0.004 / 0.011)
     assert straggler_fields([0.5, 0.1]) == {}, "one rank: nobody to lag behind"
+
+
+def board_events(out):
+    """The summary events in ``out/tensorboard`` as written (TensorBoard's raw reader, before
+    its migration of scalars into tensors): (step, tags, values) in file order."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    found = []
+    for path in sorted((out / "tensorboard").glob("events.out.tfevents.*")):
+        for record in RawEventFileLoader(str(path)).Load():
+            event = Event.FromString(record)
+            if event.HasField("summary"):
+                values = {v.tag: v.simple_value for v in event.summary.value}
+                found.append((event.step, sorted(values), values))
+    return found
+
+
+def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from refddp.trackers import tensorboard
+
+    board = tensorboard.TensorBoard(Run(str(tmp_path), {}, 0, resumed=False))
+    for step in range(1, tensorboard.PENDING):
+        board.log(step, {"train/loss": 1.0 / step, "train/lr": 0.5})
+    board.writer.flush()  # the writer's own flush: what it was given is on disk
+    assert board_events(tmp_path) == [], "held until a batch is full"
+    board.log(tensorboard.PENDING, {"train/loss": 0.25, "train/lr": 0.5})
+    board.writer.flush()
+    found = board_events(tmp_path)
+    assert [(step, tags) for step, tags, _ in found] == [
+        (step, ["train/loss", "train/lr"]) for step in range(1, tensorboard.PENDING + 1)
+    ], "one event per logged step, with all its scalars"
+    assert found[1][2] == {"train/loss": 0.5, "train/lr": 0.5}
+    # A held step waits no longer than PENDING_S ...
+    clock = [1000.0]
+    monkeypatch.setattr(tensorboard.time, "time", lambda: clock[0])
+    board.log(20, {"train/loss": 0.125})
+    clock[0] += tensorboard.PENDING_S
+    board.log(21, {"train/loss": 0.0625})
+    board.writer.flush()
+    assert [step for step, _, _ in board_events(tmp_path)][-2:] == [20, 21]
+    # ... and never past a checkpoint's flush.
+    board.log(22, {"train/loss": 0.03125})
+    board.flush()
+    assert board_events(tmp_path)[-1][0] == 22
+    board.close()
