@@ -356,22 +356,40 @@ def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
     return {"step": result["step"], "late": trainer.flags.late}
 
 
+GPU_SLEEP_CYCLES = 20_000_000  # ~10 ms of an H100's clock: far longer than a step's host work
+
+
 def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     """``fit`` on one GPU (flags read now: auto's choice for one process) with CUDA's sync debug
     mode set to "warn" inside every optimizer step but the first two: the host syncs each of
     those steps made, the losses the steps read (from the copy their send started), whether the
-    optimizer was fused and where the loss window summed."""
+    optimizer was fused and where the loss window summed.
+
+    Each send is preceded by ~10 ms of sleep queued on the stream, so the copy it starts lands
+    long after the host could read the pinned buffer: a read that did not wait on the copy's
+    event would find the previous step's loss there. ``sent`` holds a device clone of each
+    step's loss sum taken at its send, read only after ``fit``: no sync inside a step."""
     c = tiny_config(out, device="cuda", dtype="float32")
     trainer = Trainer(c, init_distributed("cuda"))
     train_step, syncs, read = trainer.train_step, [], trainer.flags.read
+    send = trainer.flags.send
     losses: list[float] = []
+    read_sums: list[float] = []
+    sent: list[torch.Tensor] = []
+
+    def sending(step_loss, targets):  # type: ignore[no-untyped-def]
+        torch.cuda._sleep(GPU_SLEEP_CYCLES)  # the copy below is queued behind it
+        sent.append(step_loss.detach().clone())
+        return send(step_loss, targets)
 
     def reading(flags):  # type: ignore[no-untyped-def]
         agreed = read(flags)
         if isinstance(flags, Alone):  # a step's (a save reads its stop flags too)
             losses.append(agreed.loss)
+            read_sums.append(agreed.loss_sum)
         return agreed
 
+    trainer.flags.send = sending
     trainer.flags.read = reading
     with warnings.catch_warnings():  # the mode's own first switch syncs: made before counting
         warnings.simplefilter("ignore")
@@ -395,6 +413,8 @@ def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
     return {
         "syncs": syncs,
         "losses": losses,
+        "read_sums": read_sums,
+        "sent_sums": [float(t) for t in sent],
         "copies_early": trainer.flags._early is not None,
         "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
         "window_on_host": isinstance(trainer.window.loss_sum, float),

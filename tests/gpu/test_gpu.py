@@ -221,11 +221,13 @@ def test_one_gpu_reads_its_loss_each_step_without_a_stream_sync_and_steps_fused(
     # The flags read now (auto for one process): each step reads its loss from the copy its
     # send started before the backward, waiting on that copy's event, not on the stream (no
     # sync the debug mode sees); the window sums those reads on the host, and the optimizer
-    # runs torch's fused kernel.
+    # runs torch's fused kernel. Each copy is queued behind ~10 ms of GPU sleep: a read that
+    # did not wait for it would find the step before's loss, not its own.
     (result,) = spawn(fit_on_one_gpu_counting_host_syncs, str(tmp_path))
     assert result["syncs"] and set(result["syncs"]) == {0}, result["syncs"]
     losses = result["losses"]
     assert len(losses) == len(result["syncs"]) + 2, "one read a step"
+    assert result["read_sums"] == result["sent_sums"], "each step read what it sent"
     assert result["copies_early"] and all(0 < loss < 10 for loss in losses), losses
     assert len(set(losses)) > 1, "each step's own loss"
     assert result["fused"] and result["window_on_host"]
