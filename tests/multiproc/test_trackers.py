@@ -81,14 +81,14 @@ def test_a_run_resumed_from_an_earlier_checkpoint_continues_the_curves_once(tmp_
 
 @pytest.mark.slow  # a SIGKILL, the elastic agent's restart, and the rerun: ~25-55 s here
 def test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint(tmp_path, straight):
-    # Rank 0 (the trackers' rank) is SIGKILLed in step 11; the restart resumes from step 8.
-    # What it logged up to 8 was flushed before that checkpoint; steps 9 and 10 may have
-    # reached the file too (a batch handed to the writer's thread before the kill): the
-    # restart logs them again, and purge_step hides the first ones.
+    # Rank 0 (the trackers' rank) is SIGKILLed in step 9; the restart resumes from step 8.
+    # Steps 1-8 were held by the tracker (no evaluation before 12, fewer than a batch) until
+    # the flush before step 8's checkpoint gave them to the writer and waited for it: without
+    # that flush the kill would take them along.
     out = tmp_path / "killed"
     done = train(out, "--ckpt-every", 4, "--eval-every", 12, "--max-restarts", 1, "--model",
                  "tests.user_code:killed_mlp", "--log-to", "tensorboard",
-                 env={"REFDDP_TEST_KILL_AT": "11", "REFDDP_TEST_KILL_RANK": "0"})  # fmt: skip
+                 env={"REFDDP_TEST_KILL_AT": "9", "REFDDP_TEST_KILL_RANK": "0"})  # fmt: skip
     assert "at epoch 0, step 8" in done.stderr
     board = tensorboard_scalars(out)
     assert steps(board["train/loss"]) == STEPS

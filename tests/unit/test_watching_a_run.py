@@ -106,20 +106,31 @@ def test_the_slowest_rank_is_the_one_with_most_compute_and_data_wait_per_step():
     assert straggler_fields([0.5, 0.1]) == {}, "one rank: nobody to lag behind"
 
 
-def board_events(out):
+def board_summaries(out):
     """The summary events in ``out/tensorboard`` as written (TensorBoard's raw reader, before
-    its migration of scalars into tensors): (step, tags, values) in file order."""
+    its migration of scalars into tensors), in file order."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
 
-    found = []
     for path in sorted((out / "tensorboard").glob("events.out.tfevents.*")):
         for record in RawEventFileLoader(str(path)).Load():
             event = Event.FromString(record)
             if event.HasField("summary"):
-                values = {v.tag: v.simple_value for v in event.summary.value}
-                found.append((event.step, sorted(values), values))
+                yield event
+
+
+def board_events(out):
+    """(step, tags, values) of each summary event in ``out/tensorboard``."""
+    found = []
+    for event in board_summaries(out):
+        values = {v.tag: v.simple_value for v in event.summary.value}
+        found.append((event.step, sorted(values), values))
     return found
+
+
+def board_wall_times(out):
+    """Each summary event's step -> its wall time."""
+    return {event.step: event.wall_time for event in board_summaries(out)}
 
 
 def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, monkeypatch):
@@ -138,16 +149,25 @@ def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, mon
         (step, ["train/loss", "train/lr"]) for step in range(1, tensorboard.PENDING + 1)
     ], "one event per logged step, with all its scalars"
     assert found[1][2] == {"train/loss": 0.5, "train/lr": 0.5}
-    # A held step waits no longer than PENDING_S ...
-    clock = [1000.0]
+    # A step logged PENDING_S after the last hand-over goes with what is held; its event
+    # keeps the time it was logged at.
+    clock = [board.handed_at + 1.0]
     monkeypatch.setattr(tensorboard.time, "time", lambda: clock[0])
     board.log(20, {"train/loss": 0.125})
-    clock[0] += tensorboard.PENDING_S
+    logged_at = clock[0]
+    clock[0] = board.handed_at + tensorboard.PENDING_S
     board.log(21, {"train/loss": 0.0625})
     board.writer.flush()
     assert [step for step, _, _ in board_events(tmp_path)][-2:] == [20, 21]
-    # ... and never past a checkpoint's flush.
+    assert board_wall_times(tmp_path)[20] == logged_at
+    # Steps logged that far apart go at once; a checkpoint's flush and the end take the rest.
+    clock[0] += tensorboard.PENDING_S
     board.log(22, {"train/loss": 0.03125})
-    board.flush()
+    board.writer.flush()
     assert board_events(tmp_path)[-1][0] == 22
+    board.log(23, {"train/loss": 0.015625})
+    board.flush()
+    assert board_events(tmp_path)[-1][0] == 23
+    board.log(24, {"train/loss": 0.0078125})
     board.close()
+    assert board_events(tmp_path)[-1][0] == 24
