@@ -1,10 +1,11 @@
 """Reading what the trackers wrote, with each tracker's own reader (shared by the tests).
 
 TensorBoard: its ``EventAccumulator``, which applies ``purge_step`` as TensorBoard shows the
-curves. W&B: the offline run's ``.wandb`` transaction log, each record parsed with wandb's
-own protobuf schema (``wandb.proto.wandb_internal_pb2.Record``); wandb 0.31 ships no Python
-reader of the file, so the framing (a LevelDB-style log: a 7-byte header, then 32 KiB blocks
-of records with a 7-byte header each, long records split in parts) is read here.
+curves, and its raw event reader for the events as written (``board_events``). W&B: the
+offline run's ``.wandb`` transaction log, each record parsed with wandb's own protobuf
+schema (``wandb.proto.wandb_internal_pb2.Record``); wandb 0.31 ships no Python reader of the
+file, so the framing (a LevelDB-style log: a 7-byte header, then 32 KiB blocks of records
+with a 7-byte header each, long records split in parts) is read here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import glob
 import json
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 BLOCK, HEADER = 32 * 1024, 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -27,6 +30,33 @@ def tensorboard_scalars(out: Path | str) -> dict[str, list[tuple[int, float]]]:
     acc = ea.EventAccumulator(os.path.join(out, "tensorboard"), size_guidance={ea.SCALARS: 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def board_summaries(out: Path) -> Iterator[Any]:
+    """The summary events in ``out/tensorboard`` as written (TensorBoard's raw reader, before
+    its migration of scalars into tensors), in file order."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    for path in sorted((out / "tensorboard").glob("events.out.tfevents.*")):
+        for record in RawEventFileLoader(str(path)).Load():
+            event = Event.FromString(record)
+            if event.HasField("summary"):
+                yield event
+
+
+def board_events(out: Path) -> list[tuple[int, list[str], dict[str, float]]]:
+    """(step, tags, values) of each summary event in ``out/tensorboard``."""
+    found = []
+    for event in board_summaries(out):
+        values = {v.tag: v.simple_value for v in event.summary.value}
+        found.append((event.step, sorted(values), values))
+    return found
+
+
+def board_wall_times(out: Path) -> dict[int, float]:
+    """Each summary event's step -> its wall time."""
+    return {event.step: event.wall_time for event in board_summaries(out)}
 
 
 def _wandb_records(path: str) -> list:

@@ -8,6 +8,7 @@ from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge
 from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields
 from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
 from tests.cli_runs import run, train_command
+from tests.tracker_files import board_events, board_wall_times
 
 
 def test_log_to_takes_a_yaml_list_or_a_comma_separated_flag(tmp_path):
@@ -104,33 +105,6 @@ def test_the_slowest_rank_is_the_one_with_most_compute_and_data_wait_per_step():
     assert found["straggler_lag_s"] == pytest.approx(0.015 - 0.011)
     assert found["straggler_lag_share"] == pytest.approx(0.004 / 0.011)
     assert straggler_fields([0.5, 0.1]) == {}, "one rank: nobody to lag behind"
-
-
-def board_summaries(out):
-    """The summary events in ``out/tensorboard`` as written (TensorBoard's raw reader, before
-    its migration of scalars into tensors), in file order."""
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-    from tensorboard.compat.proto.event_pb2 import Event
-
-    for path in sorted((out / "tensorboard").glob("events.out.tfevents.*")):
-        for record in RawEventFileLoader(str(path)).Load():
-            event = Event.FromString(record)
-            if event.HasField("summary"):
-                yield event
-
-
-def board_events(out):
-    """(step, tags, values) of each summary event in ``out/tensorboard``."""
-    found = []
-    for event in board_summaries(out):
-        values = {v.tag: v.simple_value for v in event.summary.value}
-        found.append((event.step, sorted(values), values))
-    return found
-
-
-def board_wall_times(out):
-    """Each summary event's step -> its wall time."""
-    return {event.step: event.wall_time for event in board_summaries(out)}
 
 
 def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, monkeypatch):
