@@ -232,6 +232,12 @@ MUTANTS = (
         ("tests/unit/test_backward_seed.py::test_a_seed_written_into_by_a_backward_is_made_again",),
     ),
     Mutant(
+        "backward-skips-torch-function-dispatch", "a subclass's or mode's backward is dispatched",
+        TRAINER, "        or has_torch_function((total, seed))\n", "",
+        ("tests/unit/test_backward_seed.py::test_run_backward_gives_what_tensor_backward_gives_and"
+         "_leaves_dispatch_to_torch",),
+    ),
+    Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
         "return batch if batch.device == device else batch.to(device, non_blocking=True)",
         "return batch",

@@ -1,11 +1,13 @@
 """The gradient a training step's backward starts from: ``loss_scale``, made once per dtype
-(``Trainer.backward_seed``), and made again if anything wrote into it."""
+(``Trainer.backward_seed``), and made again if anything wrote into it; and the call that runs
+the backward from it (``run_backward``)."""
 
 from types import SimpleNamespace
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-from refddp.trainer import Trainer
+from refddp.trainer import Trainer, run_backward
 
 
 class _DoublesItsGradOutput(torch.autograd.Function):
@@ -27,7 +29,7 @@ def test_a_seed_written_into_by_a_backward_is_made_again():
     for _ in range(3):  # three steps: each must start from 0.25
         x = torch.zeros(3, requires_grad=True)
         loss = _DoublesItsGradOutput.apply(x)
-        loss.backward(Trainer.backward_seed(trainer, loss))
+        run_backward(loss, Trainer.backward_seed(trainer, loss))
         grads.append(x.grad.tolist())
     assert grads == [[0.5] * 3] * 3
     # A seed nothing wrote into is kept; one per dtype and shape.
@@ -35,3 +37,35 @@ def test_a_seed_written_into_by_a_backward_is_made_again():
     assert Trainer.backward_seed(trainer, torch.ones(())) is seed
     assert Trainer.backward_seed(trainer, torch.ones((), dtype=torch.float64)).dtype == torch.float64
     assert Trainer.backward_seed(trainer, torch.ones(1)).shape == (1,)
+
+
+class _SeesBackward(TorchFunctionMode):
+    """Records the torch functions dispatched under it, as a tensor subclass's would be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _grads(backward) -> list[list[float]]:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    hooked = []
+    model[0].weight.register_hook(lambda g: hooked.append(g.clone()))
+    loss = model(torch.randn(5, 4)).square().sum()
+    backward(loss, torch.full_like(loss, 0.25))
+    assert len(hooked) == 1  # the parameters' hooks ran
+    return [p.grad.flatten().tolist() for p in model.parameters()]
+
+
+def test_run_backward_gives_what_tensor_backward_gives_and_leaves_dispatch_to_torch():
+    assert _grads(run_backward) == _grads(lambda loss, seed: loss.backward(seed))
+    # Under a torch-function mode (or with a tensor subclass) the backward is dispatched
+    # through it, as torch's own call does.
+    with _SeesBackward() as mode:
+        _grads(run_backward)
+    assert "backward" in mode.seen
