@@ -39,7 +39,9 @@ MODELS = {
 GLOBAL_BATCH = 256
 TRAIN_SIZE = 16384
 VAL_SIZE = 2048
-EPOCHS = {"demo": 12, "large": 3, "gpt2": 3, "gpt2_wide": 2}  # demo: 11 steady epochs of ~0.1-0.25 s
+# The demo: 35 steady epochs of ~0.05 s (one process on this machine). At 12 (11 steady,
+# ~0.55 s in all, until 2026-11-25) one hiccup moved a run's throughput by several percent.
+EPOCHS = {"demo": 36, "large": 3, "gpt2": 3, "gpt2_wide": 2}
 LR = 3e-3
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
 # The token jobs' data: 64-byte contexts, 16 sequences (~640 target tokens) per step (64 for

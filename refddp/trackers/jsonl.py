@@ -1,7 +1,9 @@
 """``--log-to jsonl`` (always on): ``history.jsonl``, one JSON line per evaluation.
 
-A resumed run first drops the lines past the step it resumes from: the evaluations a killed
-invocation recorded after its last checkpoint, which the resumed run redoes.
+It holds the run's own evaluations only. A resumed run first drops the lines past the step it
+resumes from: the evaluations a killed invocation recorded after its last checkpoint, which
+the resumed run redoes. A run that starts afresh in a used directory (``--resume never``)
+drops them all: an earlier run's lines would read as this run's.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ class History(Tracker):
     def __init__(self, run: Run):
         super().__init__(run)
         self.path = os.path.join(run.out, "history.jsonl")
-        if run.resumed:
-            truncate_history(self.path, run.start_step)
+        truncate_history(self.path, run.start_step)  # a fresh run starts at step 0
 
     def record(self, record: dict[str, Any]) -> None:
         with writing(self.path), open(self.path, "a") as f:

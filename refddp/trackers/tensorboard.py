@@ -1,10 +1,11 @@
 """``--log-to tensorboard``: event files in ``OUT/tensorboard/`` (``torch.utils.tensorboard``).
 
 One directory for the whole run, whatever its invocations: ``tensorboard --logdir OUT``
-shows one set of curves. A resumed invocation opens its writer with ``purge_step`` = the
-first step it runs: TensorBoard then hides what a killed invocation logged at or after that
-step (written after its last checkpoint, and logged again by the resumed run), so the curves
-continue without duplicate or missing points.
+shows one set of curves. An invocation opens its writer with ``purge_step`` = the first step
+it runs: TensorBoard then hides what earlier invocations logged at or after that step. For a
+resumed run, that is what a killed invocation logged after its last checkpoint, and the
+resumed run logs again, so the curves continue without duplicate or missing points; for a
+run that starts afresh in a used directory (``--resume never``), the earlier run's points.
 
 A logged step is one event with all its scalars, and the tracker hands the writer its events
 in batches: when ``PENDING`` logged steps are held, when a step is logged ``PENDING_S``
@@ -41,7 +42,7 @@ class TensorBoard(Tracker):
         super().__init__(run)
         SummaryWriter = _summary_writer()
         self.directory = os.path.join(run.out, "tensorboard")
-        purge_step = run.start_step + 1 if run.resumed else None
+        purge_step = run.start_step + 1  # (logged steps count from 1)
         with writing(self.directory):
             self.writer = SummaryWriter(self.directory, purge_step=purge_step)
         self.pending: list[tuple[int, dict[str, float], float]] = []  # (step, scalars, time)

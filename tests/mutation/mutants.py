@@ -975,10 +975,25 @@ MUTANTS = (
     ),
     Mutant(
         "tensorboard-keeps-orphaned-points", "a resumed run continues the curves once",
-        TENSORBOARD, "purge_step = run.start_step + 1 if run.resumed else None",
-        "purge_step = None",
+        TENSORBOARD, "purge_step = run.start_step + 1  #", "purge_step = None  #",
         (f"{T_TRACKERS}::test_a_run_resumed_from_an_earlier_checkpoint_continues_the_curves"
-         "_once",),
+         "_once",
+         f"{T_TRACKER_UNITS}::test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and"
+         "_curves"),
+    ),
+    Mutant(
+        "fresh-run-keeps-the-old-history", "a fresh run in a used directory starts its history",
+        "refddp/trackers/jsonl.py", "        truncate_history(self.path, run.start_step)",
+        "        if run.resumed:\n            truncate_history(self.path, run.start_step)",
+        (f"{T_TRACKER_UNITS}::test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and"
+         "_curves",),
+    ),
+    Mutant(
+        "fresh-run-keeps-the-old-curves", "a fresh run in a used directory starts its curves",
+        TENSORBOARD, "purge_step = run.start_step + 1  #",
+        "purge_step = run.start_step + 1 if run.resumed else None  #",
+        (f"{T_TRACKER_UNITS}::test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and"
+         "_curves",),
     ),
     Mutant(
         "tensorboard-holds-a-full-batch", "TensorBoard gets the logged steps in batches",
@@ -1020,7 +1035,33 @@ MUTANTS = (
         "return torch.cat([nonfinite, parts, stop, loss.float()])",
         "return torch.cat([nonfinite, parts, stop, loss.float() * self.parallel.ctx.world_size "
         "* (self.parallel.ctx.rank == 0)])",
-        (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
+        (f"{T_LOCAL_FLAGS}::test_the_summed_flags_carry_the_global_loss_sum_and_count[device]",),
+    ),
+    Mutant(
+        "host-step-loss-is-rank-0s-own", "the trackers' loss is the global mean", FLAGS,
+        "*self._signal_floats[self.stop.signal], loss_sum],",
+        "*self._signal_floats[self.stop.signal], loss_sum * self.parallel.ctx.world_size "
+        "* (self.parallel.ctx.rank == 0)],",
+        (f"{T_LOCAL_FLAGS}::test_the_summed_flags_carry_the_global_loss_sum_and_count[host]",
+         f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves"),
+    ),
+    Mutant(
+        "host-flags-ignore-nonfinite", "the per-step agreement (non-finite loss, stop)", FLAGS,
+        "[0.0 if math.isfinite(loss_sum) else math.nan,", "[0.0,",
+        (f"{T_LOCAL_FLAGS}::test_a_large_finite_float64_loss_is_not_flagged_non_finite[host]",
+         f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike"),
+    ),
+    Mutant(
+        "host-flags-count-in-one-float32", "exact normalisation: the global batch's target count",
+        FLAGS, "count // COUNT_PART, count % COUNT_PART,", "0, count,",
+        (f"{T_LOCAL_FLAGS}::test_the_target_count_is_summed_over_ranks_exactly_beyond_float32"
+         "_integers[host]",),
+    ),
+    Mutant(
+        "host-flags-drop-the-stop-signal", "every rank stops for the same signal", FLAGS,
+        "*self._signal_floats[self.stop.signal], loss_sum],", "*self._signal_floats[None], loss_sum],",
+        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
+         "_signals_wins[host]",),
     ),
     Mutant(
         "straggler-times-in-rank-0s-slot", "history names the slowest rank", STRAGGLERS,

@@ -8,7 +8,7 @@ from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge
 from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields
 from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
 from tests.cli_runs import run, train_command
-from tests.tracker_files import board_events, board_wall_times
+from tests.tracker_files import board_events, board_wall_times, history, tensorboard_scalars
 
 
 def test_log_to_takes_a_yaml_list_or_a_comma_separated_flag(tmp_path):
@@ -145,3 +145,27 @@ def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, mon
     board.log(24, {"train/loss": 0.0078125})
     board.close()
     assert board_events(tmp_path)[-1][0] == 24
+
+
+def test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and_curves(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from refddp.trackers.jsonl import History
+    from refddp.trackers.tensorboard import TensorBoard
+
+    def invocation(start_step: int, resumed: bool, losses: dict[int, float]) -> None:
+        run_info = Run(str(tmp_path), {}, start_step, resumed=resumed)
+        trackers = [History(run_info), TensorBoard(run_info)]
+        for step, loss in losses.items():
+            trackers[1].log(step, {"train/loss": loss})
+        for tracker in trackers:
+            tracker.record({"step": max(losses), "train_loss": losses[max(losses)]})
+            tracker.close()
+
+    invocation(0, False, {1: 4.0, 2: 3.0, 3: 2.0, 4: 1.0})  # an earlier run, to step 4
+    invocation(0, False, {1: 0.5, 2: 0.25})  # --resume never: a new run, to step 2
+    assert [(r["step"], r["train_loss"]) for r in history(tmp_path)] == [(2, 0.25)]
+    board = tensorboard_scalars(tmp_path)
+    assert board["train/loss"] == [(1, 0.5), (2, 0.25)], "the earlier run's points are hidden"
+    invocation(2, True, {3: 0.125})  # resumed at step 2: its steps follow the run's own
+    assert [r["step"] for r in history(tmp_path)] == [2, 3]
+    assert tensorboard_scalars(tmp_path)["train/loss"] == [(1, 0.5), (2, 0.25), (3, 0.125)]
