@@ -23,7 +23,11 @@ class History(Tracker):
     def __init__(self, run: Run):
         super().__init__(run)
         self.path = os.path.join(run.out, "history.jsonl")
-        truncate_history(self.path, run.start_step)  # a fresh run starts at step 0
+        if run.resumed:
+            truncate_history(self.path, run.start_step)
+        elif os.path.exists(self.path):  # a fresh run: the earlier run's lines go, unread
+            with writing(self.path), open(self.path, "w"):
+                pass
 
     def record(self, record: dict[str, Any]) -> None:
         with writing(self.path), open(self.path, "a") as f:
