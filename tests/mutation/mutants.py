@@ -238,6 +238,19 @@ MUTANTS = (
          "_leaves_dispatch_to_torch",),
     ),
     Mutant(
+        "backward-inside-functorch-transforms", "a functorch transform still gets torch's refusal",
+        TRAINER, "        or torch._C._are_functorch_transforms_active()\n", "",
+        ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
+         "_transforms_to_torch",),
+    ),
+    Mutant(
+        "backward-keeps-the-graph", "the step's backward frees its graph, as torch's does",
+        TRAINER, "_engine_run_backward((total,), (seed,), False, False,",
+        "_engine_run_backward((total,), (seed,), True, False,",
+        ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
+         "_transforms_to_torch",),
+    ),
+    Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
         "return batch if batch.device == device else batch.to(device, non_blocking=True)",
         "return batch",

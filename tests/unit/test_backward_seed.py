@@ -4,6 +4,7 @@ the backward from it (``run_backward``)."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -69,3 +70,18 @@ def test_run_backward_gives_what_tensor_backward_gives_and_leaves_dispatch_to_to
     with _SeesBackward() as mode:
         _grads(run_backward)
     assert "backward" in mode.seen
+
+
+def test_run_backward_frees_the_graph_and_leaves_functorch_transforms_to_torch():
+    x = torch.ones(3, requires_grad=True)
+    loss = (x * x).sum()
+    run_backward(loss, torch.ones(()))
+    with pytest.raises(RuntimeError, match="a second time"):  # retain_graph=False, as torch's
+        run_backward(loss, torch.ones(()))
+
+    def inside_a_transform(y: torch.Tensor) -> torch.Tensor:
+        run_backward((y * y).sum(), torch.ones(()))
+        return y.sum()
+
+    with pytest.raises(RuntimeError, match="functorch transform"):  # torch's own refusal
+        torch.func.grad(inside_a_transform)(torch.ones(3))
