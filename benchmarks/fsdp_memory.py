@@ -52,7 +52,8 @@ def rank_main(args: argparse.Namespace) -> None:
     for _ in range(args.steps + 1):  # the first step (allocation, lazy state) is not timed
         dist.barrier()
         start = time.perf_counter()
-        F.cross_entropy(parallel.module(x), y).backward()
+        loss = F.cross_entropy(parallel.module(x), y)
+        parallel.backward(loss, torch.ones_like(loss))  # DDP: the step flags' carrier too
         opt.step()
         opt.zero_grad(set_to_none=False)  # keep gradients allocated: they are part of the state
         times.append(time.perf_counter() - start)

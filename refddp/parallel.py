@@ -4,9 +4,10 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 
 - ``module``: what the loop calls forward on;
 - ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
-- ``agree(flags)``: every rank learns, per flag, whether any rank raised it. Under DDP the flags
-  ride the step's own gradient all-reduce (a comm hook appends them to the first bucket), so the
-  per-step agreement costs no extra collective; under FSDP it is one small all-reduce;
+- ``set_flags(flags)``, ``backward(total, seed)``, ``agree(flags)``: every rank learns, per
+  flag, whether any rank raised it. Under DDP the flags ride the step's own gradient
+  all-reduce (``Parallel``), so the per-step agreement costs no extra collective; under FSDP
+  it is one small all-reduce;
 - ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
   FSDP and one process) and ``load_state`` (the reverse).
@@ -23,9 +24,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.overrides import has_torch_function
 
 from refddp.config import TrainConfig
 from refddp.dist import DistContext, device_mesh
+from refddp.step_flags import FLAG_COUNT
+
+try:  # the call into autograd's engine that torch.autograd.backward ends in
+    from torch.autograd.graph import _engine_run_backward
+except ImportError:  # pragma: no cover - a torch without it takes the public call
+    _engine_run_backward = None
 
 
 class Parallel:
@@ -33,44 +41,88 @@ class Parallel:
 
     One process needs no DDP: the bare model trains (DDP's reducer would only copy gradients
     into buckets and all-reduce them with nobody), and the flags need no agreement.
+
+    Several ranks carry the step's flags on DDP's own (C++) gradient all-reduce: DDP wraps the
+    model in a ``_FlagCarrier``, whose one extra parameter's gradient *is* the flags, handed to
+    the synced backward as a second root (``backward``). DDP averages every gradient it
+    reduces, so the agreed flags are that gradient times the world size (exact where the world
+    size is a power of two; counts are rounded back to integers: ``step_flags._decode``). A
+    Python comm hook appending them to the first bucket cost ~80 us a step on the CPU (the
+    hook's call, a copy of the bucket, DDP's copy back, a callback that takes the GIL):
+    ``benchmarks/README.md``. With ``find_unused_parameters`` DDP would find the carrier
+    unused (it is not reached from the model's output) and refuse its gradient, so there the
+    hook (``_allreduce_with_flags``) carries them.
     """
 
     name = "ddp"
+    _carrier: nn.Parameter | None = None  # the flags' parameter (several ranks, DDP)
+    _syncing = True  # False inside no_sync(): the backward then carries no flags
 
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
-        self._flags = _FlagHook(torch.device(ctx.device))
+        self._flags = _FlagHook()
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
             self.module: nn.Module = torch.compile(model) if c.compile else model
             return
         device = torch.device(ctx.device)
+        wrapped = model
+        if not c.find_unused_parameters:
+            wrapped = _FlagCarrier(model, FLAG_COUNT, device)
+            self._carrier = wrapped.flags
+            self._carrier.register_post_accumulate_grad_hook(self._flags.carried)
+            self._flags.zeros = torch.zeros_like(self._carrier)
         # DDP broadcasts rank 0's parameters and buffers here, so every replica starts equal.
         self.wrapped = DDP(
-            model,
+            wrapped,
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=c.find_unused_parameters,
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
         )
-        self.wrapped.register_comm_hook(self._flags, _allreduce_with_flags)
+        if self._carrier is None:
+            self.wrapped.register_comm_hook(self._flags, _allreduce_with_flags)
         self.module = torch.compile(self.wrapped) if c.compile else self.wrapped
 
-    def no_sync(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Forward and backward in here accumulate gradients locally (no communication)."""
         if self.ctx.world_size == 1:
-            return contextlib.nullcontext()
-        return self.wrapped.no_sync()  # type: ignore[operator]
+            yield
+            return
+        self._syncing = False
+        try:
+            with self.wrapped.no_sync():  # type: ignore[operator]
+                yield
+        finally:
+            self._syncing = True
 
     def set_flags(self, flags: torch.Tensor) -> None:
-        """The flags the next gradient all-reduce carries (set before the last backward)."""
+        """The flags the next synced backward carries (set before it)."""
         self._flags.local = flags
         self._flags.agreed = None
         self._flags.ready_at = None
+
+    def backward(self, total: torch.Tensor, seed: torch.Tensor) -> None:
+        """``total``'s backward from ``seed`` (``run_backward``); outside ``no_sync`` with the
+        step's flags as the carrier's gradient (zeros if none were set: DDP waits for every
+        parameter's gradient before it reduces the last bucket), agreed when it returns."""
+        carrier = self._carrier
+        if carrier is None or not self._syncing:
+            run_backward(total, seed)
+            return
+        flags = self._flags.local
+        sent = self._flags.zeros if flags is None else flags.to(carrier.dtype)
+        carrier.grad = None  # the last step's agreed flags: not to be added to
+        run_backward(total, seed, carrier, sent)
+        if flags is not None:
+            self._flags.agreed = carrier.grad * self.ctx.world_size  # DDP averaged them
+            self._flags.sent, self._flags.local = flags, None
 
     def agree(self, flags: torch.Tensor) -> torch.Tensor:
         """Summed over ranks: taken from the gradient all-reduce if it carried ``flags``."""
         if self.ctx.world_size == 1:
             return flags
-        if self._flags.agreed is not None and self._flags.local is flags:
+        if self._flags.agreed is not None and self._flags.sent is flags:
             return self._flags.agreed
         return _all_reduce_sum(flags)  # no gradient was reduced (nothing trainable this step)
 
@@ -95,35 +147,60 @@ class Parallel:
 
     @property
     def gradients_ready_at(self) -> float | None:
-        """When this rank's backward last handed DDP a bucket (``time.perf_counter``): its
-        gradients were all ready then, whatever it waited for other ranks after. None where
+        """When this rank's last synced backward had computed every gradient and handed DDP
+        its last bucket (``time.perf_counter``), before waiting for other ranks. None where
         nothing is all-reduced in buckets (one process, FSDP)."""
         return self._flags.ready_at
-
-    @property
-    def gradient_all_reduces(self) -> int:
-        """Gradient buckets all-reduced so far: one per bucket per synchronised step."""
-        return self._flags.all_reduces
 
     def local_numel(self) -> int:
         """Parameter elements this rank stores."""
         return sum(p.numel() for p in self.model.parameters())
 
 
-class _FlagHook:
-    """State of the DDP comm hook that carries the step's flags with the first bucket."""
+class _FlagCarrier(nn.Module):
+    """What DDP wraps: the user's model, and ``flags``, a parameter the model never uses whose
+    gradient the synced backward sets to the step's flags (``Parallel.backward``). Its dtype is
+    the model's where that is float32 or float64 (one bucket with the gradients), float32 for
+    a half-precision model (the counts' parts need 24 bits)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.local: torch.Tensor | None = None
+    def __init__(self, model: nn.Module, size: int, device: torch.device):
+        super().__init__()
+        self.model = model
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        self.flags = nn.Parameter(torch.zeros(size, dtype=dtype, device=device))
+        ignored = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
+        if ignored:  # DDP names them from the module it wraps: this one
+            self._ddp_params_and_buffers_to_ignore = [f"model.{name}" for name in ignored]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+
+class _FlagHook:
+    """The flags' way through the synced backward: the flags set for it, those it carried and
+    their agreed sums, and when this rank's compute for it was done."""
+
+    def __init__(self) -> None:
+        self.local: torch.Tensor | None = None  # set for the next synced backward
+        self.sent: torch.Tensor | None = None  # what the last one carried (``agree`` checks)
         self.agreed: torch.Tensor | None = None
-        self.all_reduces = 0  # gradient buckets all-reduced so far (what no_sync saves)
         self.ready_at: float | None = None  # when the last bucket was handed over
+        self.zeros: torch.Tensor | None = None
+
+    def carried(self, carrier: torch.Tensor) -> None:
+        """The carrier's gradient is in (the backward's first step): note when the backward's
+        compute ends, in a callback the engine runs once every gradient is in and before DDP
+        waits for its all-reduces (DDP queues that wait when its last bucket is ready)."""
+        torch.autograd.Variable._execution_engine.queue_callback(self.computed)
+
+    def computed(self) -> None:
+        self.ready_at = time.perf_counter()
 
 
 def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
     """(A ``dist.GradBucket`` -> ``Future[Tensor]`` comm hook; unannotated because DDP checks
-    annotations at run time and this module's are strings.)
+    annotations at run time and this module's are strings.) With ``find_unused_parameters``.
 
     DDP's default all-reduce (average by pre-dividing, as its C++ path does), plus flags.
 
@@ -131,22 +208,49 @@ def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
     the bucket, and DDP caps bucket 0 at 1 MB (``first_bucket_bytes``), the others at 25 MB.
     """
     world = dist.get_world_size()
-    state.all_reduces += 1
     state.ready_at = time.perf_counter()  # this rank's compute for the bucket is done
     grads = bucket.buffer().div_(world)
     if state.local is None or bucket.index() != 0:
         fut = dist.all_reduce(grads, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
     flags = state.local
+
     joined = torch.cat([grads, flags.to(grads.dtype)])
     fut = dist.all_reduce(joined, async_op=True).get_future()
 
     def split(f: torch.futures.Future) -> torch.Tensor:
         out = f.value()[0]
         state.agreed = out[-len(flags) :].to(flags.dtype)
+        state.sent = flags
         return out[: -len(flags)]
 
     return fut.then(split)
+
+
+def run_backward(
+    total: torch.Tensor,
+    seed: torch.Tensor,
+    carrier: torch.Tensor | None = None,
+    flags: torch.Tensor | None = None,
+) -> None:
+    """``total.backward(seed)`` where ``seed`` was made for ``total`` (``Trainer.backward_seed``:
+    its shape, dtype and device), and with ``carrier`` a second root whose gradient is
+    ``flags`` (``Parallel.backward``): straight into the engine, as ``torch.autograd.backward``
+    ends, without the Python that normalises and checks its arguments first (6-12 us a
+    backward in a hot loop; in the demo's 0.8 ms step on the CPU, +17-25 us over a plain step
+    became +4-10). Its shape check is ``backward_seed``'s (a seed that merely broadcasts would
+    be summed down, not refused). A tensor subclass, a torch-function mode or a functorch
+    transform takes the public call, which dispatches them."""
+    roots, grads = ((total,), (seed,)) if carrier is None else ((total, carrier), (seed, flags))
+    if (
+        _engine_run_backward is None
+        or has_torch_function(roots + grads)
+        or torch._C._are_functorch_transforms_active()
+    ):
+        torch.autograd.backward(roots, grads)
+        return
+    _engine_run_backward(roots, grads, False, False, (), allow_unreachable=True,
+                         accumulate_grad=True)  # fmt: skip
 
 
 def _all_reduce_sum(flags: torch.Tensor) -> torch.Tensor:
@@ -169,7 +273,7 @@ class FullyShardedParallel(Parallel):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.model, self.ctx = model, ctx
-        self._flags = _FlagHook(torch.device(ctx.device))  # unused: FSDP agrees apart
+        self._flags = _FlagHook()  # unused: FSDP agrees apart
         device = torch.device(ctx.device)
         mesh = device_mesh(device.type, ctx.world_size)
         # As DDP does at construction: every rank starts from rank 0's parameters and buffers

@@ -78,6 +78,11 @@ class StopRequest:
         self.signal = signum
 
 
+# What a rank's step flags hold (``StepFlags.local``): non-finite loss, target count (two
+# parts), one flag per stop signal, loss sum.
+FLAG_COUNT = 4 + len(StopRequest.SIGNALS)
+
+
 def reads_late(c: TrainConfig, device: torch.device, world_size: int) -> bool:
     """``flags_read`` resolved. ``auto`` reads late where a host sync costs a step: on CUDA
     with several ranks (a read now waits for the slowest rank's all-reduce), unless fp16's
@@ -239,7 +244,7 @@ class StepFlags:
     @staticmethod
     def targets(agreed: torch.Tensor) -> torch.Tensor:
         """The global target count of agreed flags, on the device (float64: exact)."""
-        high, low = agreed[1:3].double()
+        high, low = agreed[1:3].double().round()  # as in _decode
         return high * COUNT_PART + low
 
     def read(self, flags: torch.Tensor | Alone) -> Agreed:
@@ -311,6 +316,9 @@ class StepFlags:
 
 def _decode(values: list[float]) -> Agreed:
     nonfinite, high, low, *signals, loss_sum = values
+    # DDP agrees flags as a mean times the world size (``refddp/parallel.py``): over 3 ranks a
+    # count part comes back within rounding of its integer, not on it
+    high, low = round(high), round(low)
     signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, signals, strict=True)
                    if raised), 0)  # fmt: skip
-    return Agreed(bool(nonfinite), signum, high * COUNT_PART + low, loss_sum)
+    return Agreed(bool(nonfinite), signum, float(high * COUNT_PART + low), loss_sum)

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.overrides import has_torch_function
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
@@ -48,31 +47,6 @@ from refddp.watchdog import HangWatchdog
 from refddp.window import Window
 
 log = logging.getLogger("refddp")
-
-try:  # the call into autograd's engine that torch.autograd.backward ends in
-    from torch.autograd.graph import _engine_run_backward
-except ImportError:  # pragma: no cover - a torch without it takes the public call
-    _engine_run_backward = None
-
-
-def run_backward(total: torch.Tensor, seed: torch.Tensor) -> None:
-    """``total.backward(seed)`` where ``seed`` was made for ``total`` (``Trainer.backward_seed``:
-    its shape, dtype and device): straight into the engine, as ``torch.autograd.backward`` ends,
-    without the Python that normalises and checks its arguments first (6-12 us a backward in a
-    hot loop; in the demo's 0.8 ms step on the CPU, +17-25 us over a plain step became +4-10).
-    Its shape check is ``backward_seed``'s (a seed that merely broadcasts would be summed down,
-    not refused). A tensor subclass, a torch-function mode or a functorch transform takes the
-    public call, which dispatches them."""
-    if (
-        _engine_run_backward is None
-        or has_torch_function((total, seed))
-        or torch._C._are_functorch_transforms_active()
-    ):
-        total.backward(seed)
-        return
-    _engine_run_backward((total,), (seed,), False, False, (), allow_unreachable=True,
-                         accumulate_grad=True)  # fmt: skip
-
 
 def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """``fused``: one kernel per step, which can also skip it on the device (``step_flags``)."""
@@ -369,7 +343,7 @@ class Trainer:
         total = loss.total.detach() if total is None else total + loss.total.detach()
         targets = loss.count if targets is None else targets + loss.count
         flags = self.flags.send(total, targets) if last else None
-        run_backward(loss.total, self.backward_seed(loss.total))
+        self.parallel.backward(loss.total, self.backward_seed(loss.total))
         return total, targets, flags
 
     def backward_seed(self, total: torch.Tensor) -> torch.Tensor:

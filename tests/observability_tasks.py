@@ -23,9 +23,12 @@ def fit_with_recording_tracker(out: str, **overrides) -> dict:
             "events": list(recording_tracker.EVENTS)}  # fmt: skip
 
 
-def fit_with_a_slow_rank(out: str, slow_rank: int, delay_s: float, **overrides) -> dict:
-    """``fit`` with ``slow_rank``'s every forward ``delay_s`` late (a slower device, say):
-    the history records rank 0 sent its tracker, and the warnings it logged."""
+def fit_with_a_slow_rank(
+    out: str, slow_rank: int, delay_s: float, phase: str = "forward", **overrides
+) -> dict:
+    """``fit`` with ``slow_rank``'s every forward (``phase``), or backward, ``delay_s`` late
+    (a slower device, say): the history records rank 0 sent its tracker, and the warnings it
+    logged."""
     recording_tracker.register()
     warnings: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -33,8 +36,10 @@ def fit_with_a_slow_rank(out: str, slow_rank: int, delay_s: float, **overrides) 
     logging.getLogger("refddp").addHandler(handler)
     try:
         trainer = Trainer(tiny_config(out, log_to="recording", **overrides), init_distributed("cpu"))
-        if dist.get_rank() == slow_rank:
+        if dist.get_rank() == slow_rank and phase == "forward":
             trainer.model.register_forward_pre_hook(lambda module, args: time.sleep(delay_s))
+        elif dist.get_rank() == slow_rank:  # as the backward reaches the model's output
+            trainer.model.register_full_backward_pre_hook(lambda module, grad: time.sleep(delay_s))
         trainer.fit()
     finally:
         logging.getLogger("refddp").removeHandler(handler)

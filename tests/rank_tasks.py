@@ -15,6 +15,7 @@ from refddp.dist import init_distributed
 from refddp.evaluation import evaluate
 from refddp.step_flags import Alone
 from refddp.testing import record_collectives
+from refddp.testing.collectives import process_group_sequence
 from refddp.trainer import Trainer
 
 # Small, float64, deterministic: tight tolerances mean something.
@@ -138,15 +139,25 @@ def first_update_norm(out: str, **overrides) -> float:
     return float((after - before).norm())
 
 
-def count_gradient_all_reduces(out: str, **overrides) -> dict:
-    """Train, counting the gradient buckets DDP all-reduces.
+def count_step_collectives(out: str, **overrides) -> dict:
+    """Train, counting the default group's collectives during each optimizer step.
 
-    DDP's bucket all-reduce is issued in C++ (``record_collectives`` cannot see it); refddp's
-    comm hook (``refddp.parallel``) runs once per bucket all-reduce and counts them.
+    DDP's bucket all-reduce is issued in C++ (``record_collectives`` cannot see it); the
+    group's sequence number counts it (``process_group_sequence``).
     """
     trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    counts: list[int] = []
+    step = trainer.train_step
+
+    def counted(batches):  # type: ignore[no-untyped-def]
+        before = process_group_sequence()
+        signum = step(batches)
+        counts.append(process_group_sequence() - before)
+        return signum
+
+    trainer.train_step = counted  # type: ignore[method-assign]
     result = trainer.fit()
-    return {"all_reduces": trainer.parallel.gradient_all_reduces, "steps": result["step"]}
+    return {"collectives": counts, "steps": result["step"]}
 
 
 def autocast_dtypes_seen(out: str, **overrides) -> set:

@@ -14,8 +14,8 @@ after filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` ag
 
 Only calls made through the ``torch.distributed`` namespace are seen; DDP's built-in gradient
 all-reduce runs in C++ and shows up in the process group's sequence number instead
-(``process_group_sequence``). A Python comm hook's all-reduce (refddp's trainer registers one,
-``refddp.parallel``) is seen, from inside autograd.
+(``process_group_sequence``). A Python comm hook's all-reduce (refddp's trainer registers one
+with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside autograd.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from refddp.config import TrainConfig
 from refddp.dist import DistContext
 from refddp.models import build_model
 from refddp.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
+from refddp.step_flags import FLAG_COUNT
 from refddp.testing.collectives import process_group_sequence
 from tests.rank_tasks import fit_recording_collectives
 
@@ -41,7 +42,7 @@ def _train(parallel: Parallel, optimizer: torch.optim.Optimizer, steps: int, acc
             context = parallel.no_sync() if micro < accum - 1 else torch.enable_grad()
             with context:
                 loss = F.cross_entropy(parallel.module(mine_x[part]), mine_y[part]) / accum
-                loss.backward()
+                parallel.backward(loss, torch.ones_like(loss))
         if clip:
             parallel.clip_grad_norm_(clip)
         optimizer.step()
@@ -126,26 +127,37 @@ def test_checkpoint_state_moves_between_ddp_fsdp_and_one_process(spawn):
     assert abs(rank0["shard"] - rank0["total"] / 2) <= 0.1 * rank0["total"]
 
 
-def flags_on_the_gradient_all_reduce(raise_on: int, attach: bool) -> dict:
-    """One training step; rank ``raise_on`` raises flag 0. Returns the agreed flags and how
-    many collectives the default group ran during the step."""
-    c = TrainConfig(**CONFIG)
+def flags_on_the_gradient_all_reduce(raise_on: int, attach: bool, find_unused: bool) -> dict:
+    """Two training steps; rank ``raise_on`` raises flag 0 in each, and each rank sends a count
+    of 1000 + its rank. Returns the second step's agreed flags and how many collectives the
+    default group ran during it."""
+    c = TrainConfig(**CONFIG, find_unused_parameters=find_unused)
     parallel = build_parallel(build_model(c), c, _ctx())
-    x = torch.randn(4, 8, dtype=torch.float64)
-    flags = torch.tensor([float(dist.get_rank() == raise_on), 0.0])
-    before = process_group_sequence()
-    if attach:
-        parallel.set_flags(flags)
-    F.cross_entropy(parallel.module(x), torch.zeros(4, dtype=torch.long)).backward()
-    agreed = parallel.agree(flags)
+    rank = dist.get_rank()
+    for _ in range(2):  # the second must not add to the first's flags
+        flags = torch.zeros(FLAG_COUNT)
+        flags[0], flags[1] = float(rank == raise_on), 1000.0 + rank
+        before = process_group_sequence()
+        if attach:
+            parallel.set_flags(flags)
+        x = torch.randn(4, 8, dtype=torch.float64)
+        loss = F.cross_entropy(parallel.module(x), torch.zeros(4, dtype=torch.long))
+        parallel.backward(loss, torch.ones_like(loss))
+        agreed = parallel.agree(flags)
     return {"agreed": agreed.tolist(), "collectives": process_group_sequence() - before}
 
 
-def test_ddp_step_flags_ride_the_gradient_all_reduce(spawn):
-    carried = spawn(flags_on_the_gradient_all_reduce, 1, True, world_size=2)
-    separate = spawn(flags_on_the_gradient_all_reduce, 1, False, world_size=2)
-    assert [r["agreed"] for r in carried] == [[1.0, 0.0], [1.0, 0.0]]
-    assert [r["agreed"] for r in separate] == [[1.0, 0.0], [1.0, 0.0]]
+@pytest.mark.parametrize("find_unused", [False, True], ids=["carrier", "comm-hook"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_step_flags_ride_the_gradient_all_reduce(spawn, world_size, find_unused):
+    carried = spawn(flags_on_the_gradient_all_reduce, 1, True, find_unused, world_size=world_size)
+    separate = spawn(flags_on_the_gradient_all_reduce, 1, False, find_unused,
+                     world_size=world_size)  # fmt: skip
+    count = 1000.0 * world_size + sum(range(world_size))
+    expected = [1.0, count] + [0.0] * (FLAG_COUNT - 2)
+    # Summed over ranks (the carrier's: DDP's mean times the world size, to rounding).
+    for rank in carried + separate:
+        assert rank["agreed"] == pytest.approx(expected, rel=1e-6), (carried, separate)
     # Carried flags cost no collective beyond the gradient's own; agreeing apart costs one.
     assert carried[0]["collectives"] + 1 == separate[0]["collectives"], (carried, separate)
 

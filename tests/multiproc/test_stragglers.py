@@ -7,13 +7,16 @@ import pytest
 from refddp.stragglers import PERSISTENT
 from tests.observability_tasks import fit_with_a_slow_rank
 
-DELAY_S = 0.02  # per forward: ~20x this tiny model's own compute per step
+DELAY_S = 0.02  # per forward or backward: ~20x this tiny model's own compute per step
 
 
-@pytest.mark.parametrize("slow_rank", [0, 1])
+# Slow in the backward too: its compute runs until every gradient is in, not until the
+# backward starts.
+@pytest.mark.parametrize("slow_rank, phase", [(0, "forward"), (1, "forward"), (1, "backward")])
 def test_a_rank_persistently_slower_is_named_in_history_and_warned_about(spawn, tmp_path,
-                                                                         slow_rank):  # fmt: skip
-    found = spawn(fit_with_a_slow_rank, str(tmp_path / "run"), slow_rank, DELAY_S, eval_every=4)
+                                                                         slow_rank, phase):  # fmt: skip
+    found = spawn(fit_with_a_slow_rank, str(tmp_path / "run"), slow_rank, DELAY_S, phase,
+                  eval_every=4)  # fmt: skip
     records = found[0]["records"]
     assert len(records) == 6  # 24 steps
     for record in records:

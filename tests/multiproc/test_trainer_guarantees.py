@@ -11,7 +11,7 @@ from refddp.models import build_model
 from refddp.testing import RankFailure, RankTimeout
 from tests.rank_tasks import (
     autocast_dtypes_seen,
-    count_gradient_all_reduces,
+    count_step_collectives,
     eval_model,
     first_update_norm,
     fit,
@@ -186,13 +186,15 @@ def test_gradient_clipping_bounds_the_true_gradient_under_amp(spawn, tmp_path, a
 def test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the_accumulation(
     spawn, tmp_path, grad_accum
 ):
-    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward. Syncing every
-    # micro-batch would give the same weights (the mean of means), so only the count shows it.
+    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward, which also
+    # carries the step's flags. Syncing every micro-batch would give the same weights (the
+    # mean of means), and agreeing the flags apart the same steps: only the count shows them.
+    # (DDP rebuilds its buckets once, at the second step's forward, with two broadcasts.)
     counted = spawn(
-        count_gradient_all_reduces, str(tmp_path), grad_accum=grad_accum, max_steps=4, epochs=1
+        count_step_collectives, str(tmp_path), grad_accum=grad_accum, max_steps=5, epochs=2
     )
     for rank in counted:
-        assert rank == {"all_reduces": 4, "steps": 4}
+        assert rank["steps"] == 5 and rank["collectives"][2:] == [1, 1, 1], counted
 
 
 @pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])

@@ -233,20 +233,20 @@ MUTANTS = (
     ),
     Mutant(
         "backward-skips-torch-function-dispatch", "a subclass's or mode's backward is dispatched",
-        TRAINER, "        or has_torch_function((total, seed))\n", "",
+        PARALLEL, "        or has_torch_function(roots + grads)\n", "",
         ("tests/unit/test_backward_seed.py::test_run_backward_gives_what_tensor_backward_gives_and"
          "_leaves_dispatch_to_torch",),
     ),
     Mutant(
         "backward-inside-functorch-transforms", "a functorch transform still gets torch's refusal",
-        TRAINER, "        or torch._C._are_functorch_transforms_active()\n", "",
+        PARALLEL, "        or torch._C._are_functorch_transforms_active()\n", "",
         ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
          "_transforms_to_torch",),
     ),
     Mutant(
         "backward-keeps-the-graph", "the step's backward frees its graph, as torch's does",
-        TRAINER, "_engine_run_backward((total,), (seed,), False, False,",
-        "_engine_run_backward((total,), (seed,), True, False,",
+        PARALLEL, "_engine_run_backward(roots, grads, False, False,",
+        "_engine_run_backward(roots, grads, True, False,",
         ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
          "_transforms_to_torch",),
     ),
@@ -373,7 +373,48 @@ MUTANTS = (
     Mutant(
         "flags-not-carried", "the per-step agreement costs no extra collective (DDP)", PARALLEL,
         "if state.local is None or bucket.index() != 0:", "if True:",
-        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce",),
+        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-comm-hook]",),
+    ),
+    Mutant(
+        "carried-flags-agreed-apart", "the per-step agreement costs no extra collective (DDP)",
+        PARALLEL, "if self._flags.agreed is not None and self._flags.sent is flags:", "if False:",
+        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
+    ),
+    Mutant(
+        "carried-flags-left-averaged", "the carried flags are summed over ranks", PARALLEL,
+        "self._flags.agreed = carrier.grad * self.ctx.world_size",
+        "self._flags.agreed = carrier.grad.clone()",
+        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
+    ),
+    Mutant(
+        "carrier-adds-to-the-last-flags", "each step's carried flags are that step's alone",
+        PARALLEL, "        carrier.grad = None  # the last step's agreed flags: not to be added to\n",
+        "", (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
+    ),
+    Mutant(
+        "agreed-counts-left-unrounded", "the global target count is exact at any world size",
+        FLAGS, "    high, low = round(high), round(low)\n", "",
+        (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),
+    ),
+    Mutant(
+        "agreed-counts-left-unrounded-on-the-device",
+        "the global target count is exact at any world size", FLAGS,
+        "high, low = agreed[1:3].double().round()", "high, low = agreed[1:3].double()",
+        (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),
+    ),
+    Mutant(
+        "compute-timed-at-the-backwards-start", "a rank's compute includes its backward",
+        PARALLEL, "torch.autograd.Variable._execution_engine.queue_callback(self.computed)",
+        "self.computed()",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[1-backward]",),
+    ),
+    Mutant(
+        "compute-timed-to-the-all-reduces-end", "a rank's compute excludes waiting for others",
+        PARALLEL,
+        "            self._carrier.register_post_accumulate_grad_hook(self._flags.carried)\n", "",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[0-forward]",),
     ),
     Mutant(
         "fsdp-syncs-every-micro-batch", "FSDP accumulation without gradient sync", PARALLEL,
@@ -1080,7 +1121,7 @@ MUTANTS = (
         "straggler-times-in-rank-0s-slot", "history names the slowest rank", STRAGGLERS,
         "vector[rank], vector[world + rank] = ", "vector[0], vector[world] = ",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[1]",),
+         "[1-forward]",),
     ),
     Mutant(
         "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
@@ -1089,7 +1130,7 @@ MUTANTS = (
         "started",
         "return time.perf_counter() - started",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[0]",),
+         "[0-forward]",),
     ),
     Mutant(
         "straggler-warned-at-the-first-slow-evaluation", "a persistent straggler is warned of",

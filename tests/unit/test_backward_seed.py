@@ -2,13 +2,15 @@
 (``Trainer.backward_seed``), and made again if anything wrote into it; and the call that runs
 the backward from it (``run_backward``)."""
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from refddp.trainer import Trainer, run_backward
+from refddp.parallel import run_backward
+from refddp.trainer import Trainer
 
 
 class _DoublesItsGradOutput(torch.autograd.Function):
@@ -85,3 +87,14 @@ def test_run_backward_frees_the_graph_and_leaves_functorch_transforms_to_torch()
 
     with pytest.raises(RuntimeError, match="functorch transform"):  # torch's own refusal
         torch.func.grad(inside_a_transform)(torch.ones(3))
+
+
+def test_run_backward_gives_a_second_root_its_gradient_whichever_way_it_enters():
+    # Parallel.backward hands the step flags to DDP as the carrier parameter's gradient.
+    for dispatched in (False, True):
+        carrier = torch.zeros(3, requires_grad=True)
+        x = torch.ones(2, requires_grad=True)
+        flags = torch.tensor([1.0, 2.0, 3.0])
+        with _SeesBackward() if dispatched else contextlib.nullcontext():
+            run_backward((x * x).sum(), torch.ones(()), carrier, flags)
+        assert carrier.grad.tolist() == [1.0, 2.0, 3.0] and x.grad.tolist() == [2.0, 2.0]

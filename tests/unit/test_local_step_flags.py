@@ -147,3 +147,15 @@ def test_the_summed_flags_carry_the_global_loss_sum_and_count(on_host):
     agreed = _decode((sent[0] + sent[1]).tolist())  # the all-reduce's sum
     assert (agreed.loss_sum, agreed.targets) == (6.5, 40)
     assert agreed.loss == 6.5 / 40  # the trackers' training loss: the mean over every target
+
+
+@BUILDS
+def test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact(on_host):
+    # DDP agrees the carried flags as a mean (each rank's times 1/3 over 3 ranks, in float32),
+    # which refddp.parallel multiplies back by the world size: 6625.0005 for 6625 targets.
+    flags = StepFlags(None, StopRequest(), torch.device("cpu"), late=False, on_host=on_host)
+    counts = (2362 + 5 * 4096, 705, 3558)  # low parts whose float32 mean is off by rounding
+    agreed = sum(flags.local(None, count) * (1 / 3) for count in counts) * 3
+    assert agreed[2].item() != 2362 + 705 + 3558  # the mean did not land on the integer
+    assert _decode(agreed.tolist()).targets == sum(counts)
+    assert StepFlags.targets(agreed).item() == sum(counts)
