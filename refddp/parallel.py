@@ -43,7 +43,7 @@ class Parallel:
     into buckets and all-reduce them with nobody), and the flags need no agreement.
 
     Several ranks carry the step's flags on DDP's own (C++) gradient all-reduce: DDP wraps the
-    model in a ``_FlagCarrier``, whose one extra parameter's gradient *is* the flags, handed to
+    model in a ``FlagCarrier``, whose one extra parameter's gradient *is* the flags, handed to
     the synced backward as a second root (``backward``). DDP averages every gradient it
     reduces, so the agreed flags are that gradient times the world size (exact where the world
     size is a power of two; counts are rounded back to integers: ``step_flags._decode``). A
@@ -60,7 +60,7 @@ class Parallel:
 
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
-        self._flags = _FlagHook()
+        self._flags = _FlagState()
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
             self.module: nn.Module = torch.compile(model) if c.compile else model
@@ -68,7 +68,7 @@ class Parallel:
         device = torch.device(ctx.device)
         wrapped = model
         if not c.find_unused_parameters:
-            wrapped = _FlagCarrier(model, FLAG_COUNT, device)
+            wrapped = FlagCarrier(model, FLAG_COUNT, device)
             self._carrier = wrapped.flags
             self._carrier.register_post_accumulate_grad_hook(self._flags.carried)
             self._flags.zeros = torch.zeros_like(self._carrier)
@@ -89,12 +89,12 @@ class Parallel:
         if self.ctx.world_size == 1:
             yield
             return
-        self._syncing = False
+        syncing, self._syncing = self._syncing, False
         try:
             with self.wrapped.no_sync():  # type: ignore[operator]
                 yield
         finally:
-            self._syncing = True
+            self._syncing = syncing
 
     def set_flags(self, flags: torch.Tensor) -> None:
         """The flags the next synced backward carries (set before it)."""
@@ -104,8 +104,11 @@ class Parallel:
 
     def backward(self, total: torch.Tensor, seed: torch.Tensor) -> None:
         """``total``'s backward from ``seed`` (``run_backward``); outside ``no_sync`` with the
-        step's flags as the carrier's gradient (zeros if none were set: DDP waits for every
-        parameter's gradient before it reduces the last bucket), agreed when it returns."""
+        step's flags as the carrier's gradient (zeros if none were set), agreed when it
+        returns. Under DDP every backward outside ``no_sync`` must come through here: one
+        without the carrier's gradient leaves its bucket, the first, unready, and DDP then
+        reduces no bucket at all (each rank keeps its own gradients) and raises only at the
+        next forward."""
         carrier = self._carrier
         if carrier is None or not self._syncing:
             run_backward(total, seed)
@@ -147,9 +150,11 @@ class Parallel:
 
     @property
     def gradients_ready_at(self) -> float | None:
-        """When this rank's last synced backward had computed every gradient and handed DDP
-        its last bucket (``time.perf_counter``), before waiting for other ranks. None where
-        nothing is all-reduced in buckets (one process, FSDP)."""
+        """When this rank's last synced backward had computed every gradient
+        (``time.perf_counter``), before waiting for other ranks' all-reduces: an engine
+        callback at the backward's end (the comm hook's last bucket with
+        ``find_unused_parameters``). None where nothing is all-reduced in buckets (one
+        process, FSDP)."""
         return self._flags.ready_at
 
     def local_numel(self) -> int:
@@ -157,16 +162,17 @@ class Parallel:
         return sum(p.numel() for p in self.model.parameters())
 
 
-class _FlagCarrier(nn.Module):
+class FlagCarrier(nn.Module):
     """What DDP wraps: the user's model, and ``flags``, a parameter the model never uses whose
     gradient the synced backward sets to the step's flags (``Parallel.backward``). Its dtype is
-    the model's where that is float32 or float64 (one bucket with the gradients), float32 for
-    a half-precision model (the counts' parts need 24 bits)."""
+    the trainable parameters' where that is float32 or float64 (one bucket with their
+    gradients), float32 for a half-precision model (the counts' parts need 24 bits)."""
 
     def __init__(self, model: nn.Module, size: int, device: torch.device):
         super().__init__()
         self.model = model
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        dtype = next((p.dtype for p in model.parameters()
+                      if p.requires_grad and p.is_floating_point()), None)  # fmt: skip
         dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         self.flags = nn.Parameter(torch.zeros(size, dtype=dtype, device=device))
         ignored = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
@@ -177,15 +183,16 @@ class _FlagCarrier(nn.Module):
         return self.model(*args, **kwargs)
 
 
-class _FlagHook:
+class _FlagState:
     """The flags' way through the synced backward: the flags set for it, those it carried and
-    their agreed sums, and when this rank's compute for it was done."""
+    their agreed sums, and when this rank's compute for it was done (the comm hook's state
+    with ``find_unused_parameters``)."""
 
     def __init__(self) -> None:
         self.local: torch.Tensor | None = None  # set for the next synced backward
         self.sent: torch.Tensor | None = None  # what the last one carried (``agree`` checks)
         self.agreed: torch.Tensor | None = None
-        self.ready_at: float | None = None  # when the last bucket was handed over
+        self.ready_at: float | None = None  # when the last synced backward's compute ended
         self.zeros: torch.Tensor | None = None
 
     def carried(self, carrier: torch.Tensor) -> None:
@@ -247,7 +254,10 @@ def run_backward(
         or has_torch_function(roots + grads)
         or torch._C._are_functorch_transforms_active()
     ):
-        torch.autograd.backward(roots, grads)
+        if carrier is None:  # dispatched by Tensor.backward on every torch version
+            total.backward(seed)
+        else:
+            torch.autograd.backward(roots, grads)
         return
     _engine_run_backward(roots, grads, False, False, (), allow_unreachable=True,
                          accumulate_grad=True)  # fmt: skip
@@ -273,7 +283,7 @@ class FullyShardedParallel(Parallel):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.model, self.ctx = model, ctx
-        self._flags = _FlagHook()  # unused: FSDP agrees apart
+        self._flags = _FlagState()  # unused: FSDP agrees apart
         device = torch.device(ctx.device)
         mesh = device_mesh(device.type, ctx.world_size)
         # As DDP does at construction: every rank starts from rank 0's parameters and buffers

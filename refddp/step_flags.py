@@ -4,7 +4,8 @@ Each rank builds ``[non-finite loss, target count (two parts), one flag per stop
 sum]`` on the device, or on the CPU reading now from the host's values, as one tensor (the
 signals are ``StopRequest.SIGNALS``: SIGTERM, SIGINT, and SIGUSR1, which SLURM sends before a
 job's time limit with ``--signal=USR1@SECONDS``); the flags ride
-the step's gradient all-reduce (``Parallel.set_flags``), so every rank holds the same sums and
+the step's gradient all-reduce (``Parallel.set_flags``, then ``Parallel.backward``: under DDP
+the gradient of a parameter of their own), so every rank holds the same sums and
 takes the same branch, and knows the step's global target count, the loss's normaliser
 (``refddp/trainer.py``), and its global loss sum: the trackers' training loss, read with the
 flags and never on its own. When the host reads them is ``flags_read``:
@@ -168,8 +169,7 @@ class StepFlags:
         self.on_host = device.type == "cpu" and not late if on_host is None else on_host
         self._signal_floats = {sig: flags.tolist() for sig, flags in self._by_signal.items()}
         pinned = device.type == "cuda"
-        self._host = torch.empty(4 + len(StopRequest.SIGNALS), dtype=torch.float32,
-                                 pin_memory=pinned)  # fmt: skip
+        self._host = torch.empty(FLAG_COUNT, dtype=torch.float32, pin_memory=pinned)
         # blocking: the host sleeps while it waits for the copy (a spin would take a core
         # from the data loader for up to a step)
         self._ready = torch.cuda.Event(blocking=True) if pinned else None

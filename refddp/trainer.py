@@ -358,7 +358,7 @@ class Trainer:
         return self.scaler.scale(seed) if self.scaling else seed
 
     def compute_seconds(self, started: float) -> float:
-        """This rank's compute since ``started``: until it handed DDP its last gradient bucket
+        """This rank's compute since ``started``: until its synced backward had every gradient
         (waiting for slower ranks is not compute), else until now."""
         ready = self.parallel.gradients_ready_at
         return (ready if ready is not None and ready > started else time.perf_counter()) - started

@@ -392,6 +392,20 @@ MUTANTS = (
         "", (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
     ),
     Mutant(
+        "carrier-forgets-the-ignore-list", "a model's DDP ignore list holds through the carrier",
+        PARALLEL,
+        'self._ddp_params_and_buffers_to_ignore = [f"model.{name}" for name in ignored]',
+        "pass",
+        ("tests/unit/test_flag_carrier.py::test_the_models_ddp_ignore_list_names_the_same"
+         "_parameters_through_the_carrier",),
+    ),
+    Mutant(
+        "carrier-dtype-of-a-frozen-parameter", "the flags share the gradients' bucket", PARALLEL,
+        "if p.requires_grad and p.is_floating_point()), None)", "if p.is_floating_point()), None)",
+        ("tests/unit/test_flag_carrier.py::test_the_carrier_takes_the_trainable_parameters_dtype"
+         "_or_float32_for_half_precision",),
+    ),
+    Mutant(
         "agreed-counts-left-unrounded", "the global target count is exact at any world size",
         FLAGS, "    high, low = round(high), round(low)\n", "",
         (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),

@@ -95,6 +95,8 @@ def test_run_backward_gives_a_second_root_its_gradient_whichever_way_it_enters()
         carrier = torch.zeros(3, requires_grad=True)
         x = torch.ones(2, requires_grad=True)
         flags = torch.tensor([1.0, 2.0, 3.0])
-        with _SeesBackward() if dispatched else contextlib.nullcontext():
+        mode = _SeesBackward()
+        with mode if dispatched else contextlib.nullcontext():
             run_backward((x * x).sum(), torch.ones(()), carrier, flags)
         assert carrier.grad.tolist() == [1.0, 2.0, 3.0] and x.grad.tolist() == [2.0, 2.0]
+        assert ("backward" in mode.seen) == dispatched
