@@ -68,7 +68,7 @@ class Parallel:
         device = torch.device(ctx.device)
         wrapped = model
         if not c.find_unused_parameters:
-            wrapped = FlagCarrier(model, FLAG_COUNT, device)
+            wrapped = FlagCarrier(model, device)
             self._carrier = wrapped.flags
             self._carrier.register_post_accumulate_grad_hook(self._flags.carried)
             self._flags.zeros = torch.zeros_like(self._carrier)
@@ -168,13 +168,13 @@ class FlagCarrier(nn.Module):
     the trainable parameters' where that is float32 or float64 (one bucket with their
     gradients), float32 for a half-precision model (the counts' parts need 24 bits)."""
 
-    def __init__(self, model: nn.Module, size: int, device: torch.device):
+    def __init__(self, model: nn.Module, device: torch.device):
         super().__init__()
         self.model = model
         dtype = next((p.dtype for p in model.parameters()
                       if p.requires_grad and p.is_floating_point()), None)  # fmt: skip
         dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-        self.flags = nn.Parameter(torch.zeros(size, dtype=dtype, device=device))
+        self.flags = nn.Parameter(torch.zeros(FLAG_COUNT, dtype=dtype, device=device))
         ignored = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
         if ignored:  # DDP names them from the module it wraps: this one
             self._ddp_params_and_buffers_to_ignore = [f"model.{name}" for name in ignored]
@@ -221,7 +221,6 @@ def _allreduce_with_flags(state, bucket):  # type: ignore[no-untyped-def]
         fut = dist.all_reduce(grads, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
     flags = state.local
-
     joined = torch.cat([grads, flags.to(grads.dtype)])
     fut = dist.all_reduce(joined, async_op=True).get_future()
 

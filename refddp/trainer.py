@@ -48,6 +48,7 @@ from refddp.window import Window
 
 log = logging.getLogger("refddp")
 
+
 def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """``fused``: one kernel per step, which can also skip it on the device (``step_flags``)."""
     if c.optimizer == "sgd":

@@ -12,7 +12,7 @@ from refddp.step_flags import FLAG_COUNT
 
 
 def _carrier(model: nn.Module) -> FlagCarrier:
-    return FlagCarrier(model, FLAG_COUNT, torch.device("cpu"))
+    return FlagCarrier(model, torch.device("cpu"))
 
 
 def test_the_carrier_takes_the_trainable_parameters_dtype_or_float32_for_half_precision():
