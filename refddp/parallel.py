@@ -45,8 +45,8 @@ class Parallel:
     Several ranks carry the step's flags on DDP's own (C++) gradient all-reduce: DDP wraps the
     model in a ``FlagCarrier``, whose one extra parameter's gradient *is* the flags, handed to
     the synced backward as a second root (``backward``). DDP averages every gradient it
-    reduces, so the agreed flags are that gradient times the world size (exact where the world
-    size is a power of two; counts are rounded back to integers: ``step_flags._decode``). A
+    reduces, so the agreed flags are that gradient times the world size, its counts rounded
+    back to integers (``step_flags._decode``; exact by ``carrier_dtype``'s choice). A
     Python comm hook appending them to the first bucket cost ~80 us a step on the CPU (the
     hook's call, a copy of the bucket, DDP's copy back, a callback that takes the GIL):
     ``benchmarks/README.md``. With ``find_unused_parameters`` DDP would find the carrier
@@ -68,7 +68,7 @@ class Parallel:
         device = torch.device(ctx.device)
         wrapped = model
         if not c.find_unused_parameters:
-            wrapped = FlagCarrier(model, device)
+            wrapped = FlagCarrier(model, device, ctx.world_size)
             self._carrier = wrapped.flags
             self._carrier.register_post_accumulate_grad_hook(self._flags.carried)
             self._flags.zeros = torch.zeros_like(self._carrier)
@@ -164,23 +164,44 @@ class Parallel:
 
 class FlagCarrier(nn.Module):
     """What DDP wraps: the user's model, and ``flags``, a parameter the model never uses whose
-    gradient the synced backward sets to the step's flags (``Parallel.backward``). Its dtype is
-    the trainable parameters' where that is float32 or float64 (one bucket with their
-    gradients), float32 for a half-precision model (the counts' parts need 24 bits)."""
+    gradient the synced backward sets to the step's flags (``Parallel.backward``), of
+    ``carrier_dtype``."""
 
-    def __init__(self, model: nn.Module, device: torch.device):
+    def __init__(self, model: nn.Module, device: torch.device, world_size: int):
         super().__init__()
+        ignored = getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ()
+        if not any(p.requires_grad for name, p in model.named_parameters() if name not in ignored):
+            # DDP's own refusal, which the carrier's parameter would otherwise get past (the
+            # run would then fail at its first backward, saying less).
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't "
+                               "have any parameter that requires a gradient.")  # fmt: skip
         self.model = model
-        dtype = next((p.dtype for p in model.parameters()
-                      if p.requires_grad and p.is_floating_point()), None)  # fmt: skip
-        dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        dtype = carrier_dtype(model, world_size)
         self.flags = nn.Parameter(torch.zeros(FLAG_COUNT, dtype=dtype, device=device))
-        ignored = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
         if ignored:  # DDP names them from the module it wraps: this one
             self._ddp_params_and_buffers_to_ignore = [f"model.{name}" for name in ignored]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
+
+
+def carrier_dtype(model: nn.Module, world_size: int) -> torch.dtype:
+    """The flags' dtype under DDP: the trainable parameters' where it keeps the agreed counts
+    exact (one bucket with their gradients, so no all-reduce of its own), else float64.
+
+    DDP divides each rank's gradient by the world size, then sums; each count part is below
+    ``COUNT_PART`` (2**12, for fewer than 2**24 targets a rank). Dividing by a power of two
+    is exact and the sum's 2**-k steps fit float32's 24 bits up to 4096 ranks. Otherwise every
+    division and addition rounds: float32 (unit 2**-24) is off the count by at most
+    W * (W + 1) * 2**-12, under a half (so rounded back exactly) up to 44 ranks; beyond,
+    float64 (unit 2**-53) up to about 10**6. Half-precision gradients hold too few bits."""
+    trainable = next((p.dtype for p in model.parameters()
+                      if p.requires_grad and p.is_floating_point()), None)  # fmt: skip
+    if trainable == torch.float64:
+        return torch.float64
+    power_of_two = world_size & (world_size - 1) == 0
+    exact_in_float32 = world_size <= 44 or (power_of_two and world_size <= 4096)
+    return torch.float32 if exact_in_float32 else torch.float64
 
 
 class _FlagState:

@@ -114,9 +114,12 @@ def test_a_sigkilled_fsdp_rank_is_restarted_from_its_dcp_checkpoint_bit_identica
     assert_same_weights(state["model_state_dict"], straight.weights())  # bit for bit
 
 
-@pytest.mark.slow  # inductor compiles each FSDP unit: ~20 s
-def test_fsdp_with_torch_compile_trains_like_eager(spawn, tmp_path):
-    flags = dict(strategy="fsdp", epochs=1)
+@pytest.mark.slow  # inductor compiles each FSDP unit, or DDP's graph split at buckets: ~20 s
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_torch_compile_trains_like_eager(spawn, tmp_path, strategy):
+    # Under DDP the compiled module is DDP around FlagCarrier: the flags' parameter, never
+    # used in forward, is still handed its gradient (refddp/parallel.py).
+    flags = dict(strategy=strategy, epochs=1)
     eager = spawn(fit_counting_compiled_graphs, str(tmp_path / "eager"), **flags)[0]
     compiled = spawn(fit_counting_compiled_graphs, str(tmp_path / "compiled"), compile=True,
                      **flags)[0]  # fmt: skip

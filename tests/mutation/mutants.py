@@ -406,6 +406,26 @@ MUTANTS = (
          "_or_float32_for_half_precision",),
     ),
     Mutant(
+        "carrier-float32-at-any-world-size", "the global target count is exact at any world size",
+        PARALLEL, "    return torch.float32 if exact_in_float32 else torch.float64\n",
+        "    return torch.float32\n",
+        ("tests/unit/test_flag_carrier.py::test_past_float32s_exact_world_sizes_the_carrier_is"
+         "_float64_and_exact",),
+    ),
+    Mutant(
+        "carrier-float32-past-44-ranks", "the global target count is exact at any world size",
+        PARALLEL, "world_size <= 44 or", "world_size <= 96 or",
+        ("tests/unit/test_flag_carrier.py::test_past_float32s_exact_world_sizes_the_carrier_is"
+         "_float64_and_exact",),
+    ),
+    Mutant(
+        "carrier-lets-a-frozen-model-through", "a model with nothing to train is refused",
+        PARALLEL, "        if not any(p.requires_grad for name, p in model.named_parameters() "
+        "if name not in ignored):\n", "        if False:\n",
+        ("tests/unit/test_flag_carrier.py::test_a_model_with_nothing_to_train_is_refused_as_ddp"
+         "_refuses_it",),
+    ),
+    Mutant(
         "agreed-counts-left-unrounded", "the global target count is exact at any world size",
         FLAGS, "    high, low = round(high), round(low)\n", "",
         (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),
@@ -526,7 +546,13 @@ MUTANTS = (
     Mutant(
         "fsdp-compile-ignored", "--compile compiles under FSDP", PARALLEL,
         "                _compile_forward(block, index)", "                pass",
-        (f"{T_FSDP}::test_fsdp_with_torch_compile_trains_like_eager",),
+        (f"{T_FSDP}::test_torch_compile_trains_like_eager[fsdp]",),
+    ),
+    Mutant(
+        "ddp-compile-ignored", "--compile compiles under DDP", PARALLEL,
+        "        self.module = torch.compile(self.wrapped) if c.compile else self.wrapped",
+        "        self.module = self.wrapped",
+        (f"{T_FSDP}::test_torch_compile_trains_like_eager[ddp]",),
     ),
     Mutant(
         "fsdp-compile-shares-one-code-object", "--compile compiles every block of a deep model",
