@@ -6,8 +6,9 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
 - ``set_flags(flags)``, ``backward(total, seed)``, ``agree(flags)``: every rank learns, per
   flag, whether any rank raised it. Under DDP the flags ride the step's own gradient
-  all-reduce (``Parallel``), so the per-step agreement costs no extra collective; under FSDP
-  it is one small all-reduce;
+  all-reduce (``Parallel``), so the per-step agreement costs no extra collective (past 44
+  ranks that are not a power of two, a float64 bucket of their own: ``carrier_dtype``);
+  under FSDP it is one small all-reduce;
 - ``clip_grad_norm_``, ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
   FSDP and one process) and ``load_state`` (the reverse).
@@ -189,11 +190,12 @@ def carrier_dtype(model: nn.Module, world_size: int) -> torch.dtype:
     """The flags' dtype under DDP: the trainable parameters' where it keeps the agreed counts
     exact (one bucket with their gradients, so no all-reduce of its own), else float64.
 
-    DDP divides each rank's gradient by the world size, then sums; each count part is below
-    ``COUNT_PART`` (2**12, for fewer than 2**24 targets a rank). Dividing by a power of two
-    is exact and the sum's 2**-k steps fit float32's 24 bits up to 4096 ranks. Otherwise every
-    division and addition rounds: float32 (unit 2**-24) is off the count by at most
-    W * (W + 1) * 2**-12, under a half (so rounded back exactly) up to 44 ranks; beyond,
+    DDP scales each rank's gradient by 1 / world size (divides it in place, or multiplies the
+    copy it makes by the reciprocal, as torch 2.13 does the carrier's), then sums; each count
+    part is below ``COUNT_PART`` (2**12, for fewer than 2**24 targets a rank). Scaling by a
+    power of two is exact and the sum's 2**-k steps fit float32's 24 bits up to 4096 ranks.
+    Otherwise every scaling and addition rounds: float32 (unit 2**-24) is off the count by at
+    most W * (W + 2) * 2**-12, under a half (so rounded back exactly) up to 44 ranks; beyond,
     float64 (unit 2**-53) up to about 10**6. Half-precision gradients hold too few bits."""
     trainable = next((p.dtype for p in model.parameters()
                       if p.requires_grad and p.is_floating_point()), None)  # fmt: skip
