@@ -31,10 +31,15 @@ gpu: $(VENV)/.installed-test
 	$(PY) -m pytest -m gpu tests/gpu
 
 # Flake hunt (issue 15): the fault and CLI end-to-end tests, STRESS_REPETITIONS pytest sessions
-# under -n 2; runs and failures per test go to benchmarks/results/stress.json.
+# under -n 2; runs and failures per test go to benchmarks/results/stress.json. Then the
+# generated step scenarios (tests/multiproc/test_step_scenarios.py), STRESS_SCENARIOS of them
+# (the default suite runs 25), drawn afresh each time.
 STRESS_REPETITIONS ?= 30
+STRESS_SCENARIOS ?= 500
 stress: $(VENV)/.installed-test
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
+	REFDDP_SCENARIOS=$(STRESS_SCENARIOS) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/multiproc/test_step_scenarios.py --hypothesis-show-statistics
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check refddp tests benchmarks examples conftest.py

@@ -240,18 +240,9 @@ class TrainConfig:
     )
     on_nonfinite: str = _opt(
         "skip",
-        "what every rank does when any rank's loss is inf/nan",
+        "what every rank does with a step whose loss (on any rank) or all-reduced gradient is "
+        "inf/nan: skip its update, or stop",
         ("skip", "stop"),
-        resume=APPLIED,
-    )
-    flags_read: str = _opt(
-        "auto",
-        "when the host reads each step's agreed flags (non-finite loss, stop signal): now = "
-        "before the optimizer step (a host sync per step), late = a step later, the skip done "
-        "on the device by a fused optimizer; auto = late on CUDA with several ranks (except "
-        "with amp fp16, or FSDP with SGD), now on the CPU, where a host read is free, and for "
-        "one process",
-        ("auto", "now", "late"),
         resume=APPLIED,
     )
     progress: bool = _opt(True, "rank-0 progress bar", resume=INVOCATION)
@@ -507,16 +498,6 @@ def validate(c: TrainConfig) -> None:
         )
     if c.strategy == "fsdp" and c.sync_bn:
         raise ConfigError("sync_bn: not supported with --strategy fsdp yet; use --strategy ddp")
-    if c.flags_read == "late" and c.amp == "fp16":
-        raise ConfigError(
-            "flags_read: late cannot be used with amp fp16 (its gradient scaler reads its "
-            "inf check every step); use flags_read auto or now"
-        )
-    if c.flags_read == "late" and not has_fused_kernel(c):
-        raise ConfigError(
-            "flags_read: late needs a fused optimizer, and torch has no fused SGD for "
-            "--strategy fsdp's sharded parameters; use --optimizer adamw or flags_read now"
-        )
     if c.profile:
         profile_window(c.profile)
     if c.amp != "off" and c.dtype == "float64":
@@ -545,7 +526,7 @@ def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
 
 def has_fused_kernel(c: TrainConfig) -> bool:
     """Whether torch has a fused kernel for this optimizer under this strategy: not SGD over
-    FSDP's sharded parameters (``flags_read=late`` needs one; CUDA uses one where it can)."""
+    FSDP's sharded parameters (CUDA uses one where it can: ``trainer.fuses_on_cuda``)."""
     return not (c.strategy == "fsdp" and c.optimizer == "sgd")
 
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from refddp.config import ConfigError, TrainConfig
 from refddp.imports import is_import_path, load_callable
 from refddp.objectives.batches import IGNORE_INDEX
-from refddp.step_flags import StopRequest
+from refddp.step_agreement import StopRequest
 
 
 class _Batch(tuple):

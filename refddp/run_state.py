@@ -30,7 +30,6 @@ from refddp.config import (  # noqa: F401 - APPLIED, DERIVED: the other rules, n
     TrainConfig,
     per_rank_batch_size,
 )
-from refddp.parallel import FlagCarrier
 from refddp.schedule import Schedule
 
 FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
@@ -244,8 +243,8 @@ def restore(
     )
 
 
-# How an optimizer runs, not what it computes: this invocation's choice (flags_read=late
-# needs fused kernels), whatever the saved run used.
+# How an optimizer runs, not what it computes: this invocation's choice (fused on CUDA, not on
+# the CPU: ``trainer.fuses_on_cuda``), whatever the saved run used.
 KERNEL_KEYS = ("fused", "foreach", "capturable")
 
 
@@ -269,13 +268,10 @@ def _apply_hyperparameters(parts: RunParts, c: TrainConfig, step: int) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside DDP (and refddp's ``FlagCarrier``) and/or torch.compile
-    wrappers."""
+    """The user's model inside DDP and/or torch.compile wrappers."""
     while True:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
-        elif isinstance(model, FlagCarrier):
-            model = model.model
         elif hasattr(model, "_orig_mod"):
             model = model._orig_mod
         else:

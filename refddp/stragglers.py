@@ -2,12 +2,13 @@
 
 Every step waits for the slowest rank (the gradient all-reduce), so a rank's step time says
 nothing of who is slow. Each rank measures its own share instead (``Window``): the time it
-waits for data, and the time it computes until its gradients are ready (the end of its
-backward, before DDP waits for the all-reduce: ``Parallel.gradients_ready_at``; one process and
-FSDP time the whole forward and backward, FSDP's own collectives included). At an evaluation
-these ride the all-reduce of the training loss the evaluation makes anyway (``times_vector``):
-rank r fills slots r and world + r with its seconds, every other rank zeros, so the sum holds
-every rank's. No collective of its own, none per step.
+waits for data, and the time it computes (``Trainer.train_step``): its forwards and the
+backwards that only accumulate (``no_sync``); the backward that all-reduces the gradients ends
+waiting for the slowest rank, so with several ranks it is left out (one process times it). A
+rank slow only in that backward is therefore not told apart (docs/known-limitations.md). At
+an evaluation these ride the all-reduce of the training loss the evaluation makes anyway
+(``times_vector``): rank r fills slots r and world + r with its seconds, every other rank
+zeros, so the sum holds every rank's. No collective of its own, none per step.
 
 History then records (world size > 1) ``slowest_rank``, ``straggler_lag_s`` (how many seconds
 per step its compute and data wait exceed the median of the other ranks') and

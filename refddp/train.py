@@ -182,7 +182,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     config); None when every rank got the same config from refddp's launcher.
     """
     from refddp.evaluation import run_eval, run_predict
-    from refddp.step_flags import NonFiniteLoss
+    from refddp.step_agreement import NonFiniteStep
     from refddp.trainer import Trainer
 
     stacks_dir = os.path.join(c.out, "stacks")
@@ -227,7 +227,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
         if not record_usage_error(str(exc)):
             print(f"error: {'' if ctx.is_main else f'rank {ctx.rank}: '}{exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (NonFiniteLoss, RankZeroError, ckpt.RunFileError) as exc:
+    except (NonFiniteStep, RankZeroError, ckpt.RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -2,12 +2,13 @@
 
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
-every rank reaches (``StepFlags``, ``rank0_then_meet``, the metric all-reduce). What a
+every rank reaches (``StepAgreement``, ``rank0_then_meet``, the metric all-reduce). What a
 checkpoint holds and how it is restored lives in ``run_state.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -22,23 +23,28 @@ from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
 from refddp import checkpoint_formats, run_state
-from refddp.config import ConfigError, TrainConfig, list_items, per_rank_batch_size, save_yaml
+from refddp.config import (
+    ConfigError,
+    TrainConfig,
+    has_fused_kernel,
+    list_items,
+    per_rank_batch_size,
+    save_yaml,
+)
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, rank0_then_meet
 from refddp.evaluation import agreed_objective, autocast, evaluate
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.objectives.batches import to_device
-from refddp.parallel import build_parallel, local_tensor
+from refddp.parallel import build_parallel
 from refddp.profiler import StepProfiler
 from refddp.schedule import Schedule
-from refddp.step_flags import (
-    Agreed,
-    NonFiniteLoss,
-    StepFlags,
+from refddp.step_agreement import (
+    NonFiniteStep,
+    StepAgreement,
     StopRequest,
-    fuses_on_cuda,
-    reads_late,
+    ranks_with_nonfinite_loss,
 )
 from refddp.stragglers import StragglerWatch, straggler_fields, times_vector
 from refddp.sync_batchnorm import convert_sync_batchnorm
@@ -50,12 +56,22 @@ log = logging.getLogger("refddp")
 
 
 def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """``fused``: one kernel per step, which can also skip it on the device (``step_flags``)."""
+    """``fused``: torch's one-kernel-a-step implementation (``fuses_on_cuda``)."""
     if c.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
                                weight_decay=c.weight_decay, fused=fused or None)  # fmt: skip
     return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay,
                              fused=fused or None)  # fmt: skip
+
+
+def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
+    """Whether the optimizer is built fused: on CUDA, one kernel a step instead of a few per
+    parameter group (the CPU keeps torch's default). Not SGD under FSDP (torch has no fused
+    SGD for sharded parameters) nor under amp fp16: GradScaler hands a fused optimizer its
+    overflow check, and a fused SGD's overflowing first step creates the momentum buffer
+    uninitialised, skips, and leaves it to the next."""
+    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
+    return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely
 
 
 def sync_buffers(model: nn.Module) -> None:
@@ -99,11 +115,6 @@ class Trainer:
             self.model = convert_sync_batchnorm(self.model)
         self.batch_size = per_rank_batch_size(c, ctx.world_size)
         self.global_batch = self.batch_size * ctx.world_size * c.grad_accum
-        # Each rank's loss is its sum over its targets times world / global batch: DDP's
-        # average over ranks is then the global batch's sum over its samples, rescaled to its
-        # targets once every rank knows their count (``update``).
-        self.loss_scale = ctx.world_size / self.global_batch
-        self.seeds: dict[torch.dtype, torch.Tensor] = {}  # backward_seed's, by the loss's dtype
         self.loader: Any = None  # the training loader (epoch_batches)
         self.sampler = GlobalBatchSampler(
             self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
@@ -130,8 +141,7 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        late = reads_late(c, self.device, ctx.world_size)  # late needs a fused optimizer,
-        fused = late or fuses_on_cuda(c, self.device)  # and CUDA fuses where it can anyway
+        fused = fuses_on_cuda(c, self.device)
         self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
@@ -148,12 +158,15 @@ class Trainer:
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
-        self.flags = StepFlags(self.parallel, self.stop, self.device, late,
-                               alone=ctx.world_size == 1)  # fmt: skip
+        self.agreement = StepAgreement(self.stop, self.device, ctx.world_size)
+        # loss_scale's, where every sample is one target (made once: a tensor made from a
+        # float each step would be a host-to-device copy, which waits for the device)
+        self.sample_scale = torch.tensor(ctx.world_size / self.global_batch,
+                                         dtype=torch.float64, device=self.device)  # fmt: skip
+        # The last step's loss sum and global target count, until the next agreement carries
+        # the loss to every rank (for the trackers' per-step curve: ``log_step``).
+        self.unagreed: tuple[int, torch.Tensor, float] | None = None
         self.resumed_from = self._resume()
-        # The window sums the loss on the host where the host reads it every step anyway: on
-        # the CPU reading now, and one process reading now (its flags are its loss, read).
-        self.window_on_host = self.flags.alone or (self.device.type == "cpu" and not late)
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
         # other ranks hold none, so the calls below need no rank check.
@@ -214,7 +227,7 @@ class Trainer:
         fmt.write(state, self.parts, self.c.out, is_best)
         if self.watchdog:
             self.watchdog.progress()
-        return self.flags.read(self.flags.local()).signal
+        return self.settle()
 
     @property
     def model_has_buffers(self) -> bool:
@@ -243,7 +256,7 @@ class Trainer:
         # Each rank's compute and data wait ride along (refddp/stragglers.py): no collective
         # of their own.
         own_times = times_vector(w, self.ctx.rank, self.ctx.world_size, self.device)
-        train = torch.cat([w.loss_tensor(self.device), own_times])
+        train = torch.cat([w.loss_tensor(), own_times])
         dist.all_reduce(train)  # sums over ranks: the mean over every target trained on
         loss_sum, loss_targets, *rank_times = train.tolist()
         record = {
@@ -281,7 +294,7 @@ class Trainer:
 
     def open_window(self, saved: dict[str, Any] | None = None) -> Window:
         """A new measurement window (``saved``: one a checkpoint carried over)."""
-        return Window.open(self.device, saved, self.window_on_host)
+        return Window.open(self.device, saved)
 
     def epoch_batches(self) -> Any:
         """This epoch's batches from the current position on (a resume starts mid-epoch).
@@ -303,128 +316,137 @@ class Trainer:
 
     def train_step(self, batches: Any) -> int:
         """One optimizer step: forward and backward over ``grad_accum`` micro-batches, then the
-        update (clip, step), unless any rank's loss was non-finite. Returns the agreed stop
-        signal (with ``flags_read=late``, the previous step's: ``refddp/step_flags.py``)."""
-        window, micro_batches = self.window, self.c.grad_accum
-        total = targets = flags = None
-        for micro in range(micro_batches):
-            waited = time.perf_counter()
-            batch = next(batches)
-            started = time.perf_counter()
-            window.data_wait += started - waited
-            if self.moves_batches:  # (on the CPU a batch is where the loader made it)
-                batch = to_device(batch, self.device)
-            if micro < micro_batches - 1:  # an earlier one's gradient accumulates locally
-                with self.parallel.no_sync():
-                    total, targets, _ = self.forward_backward(batch, total, targets, last=False)
-            else:  # the last backward all-reduces the gradients, the step's flags with them
-                total, targets, flags = self.forward_backward(batch, total, targets, last=True)
-            window.compute += self.compute_seconds(started)
-        verdict = self.flags.apply(flags, self.optimizer, self.pos.step + 1, self.update)
-        if self.flags.alone:  # one process's flags are its own loss, read on the host already
-            assert verdict.read is not None  # one process reads now
-            total, targets = verdict.read.loss_sum, verdict.read.targets
-        window.add_loss(total, targets, verdict.applied)
-        signum = self.take_flags(verdict.read_step, verdict.read)
-        self.pos.step += 1
-        self.schedule.advance(self.pos.step)
+        update (clip, step) unless the loss on any rank or the gradient is non-finite.
+        Returns the stop signal any rank had received when the step began (0: none)."""
+        c, window = self.c, self.window
+        waited = time.perf_counter()
+        micro_batches = [self.next_batch(batches) for _ in range(c.grad_accum)]
+        window.data_wait += time.perf_counter() - waited
+        # Counted before any forward, so that the agreement below is in flight while the
+        # forward runs: the loss's normaliser is the global batch's target count.
+        targets = sum(self.objective.count(batch) for batch in micro_batches)
+        # One small all-reduce a step: the global target count, the stop signals, the last
+        # step's loss for the trackers (refddp/step_agreement.py).
+        self.agreement.send(targets, self.unagreed_loss)
+        step_loss = None
+        for micro, batch in enumerate(micro_batches):
+            last = micro == c.grad_accum - 1
+            # Only the last backward all-reduces the gradients; the others accumulate locally.
+            with contextlib.nullcontext() if last else self.parallel.no_sync():
+                started = time.perf_counter()
+                loss = self.micro_loss(self.forward, batch)
+                window.compute += time.perf_counter() - started
+                scaled = loss.total * self.loss_scale(loss.total)
+                started = time.perf_counter()
+                self.scaler.scale(scaled).backward()
+                if not (last and self.ctx.world_size > 1):  # not the wait for slower ranks
+                    window.compute += time.perf_counter() - started
+            detached = loss.total.detach()
+            step_loss = detached if step_loss is None else step_loss + detached
+        assert step_loss is not None  # grad_accum >= 1
+        step = self.pos.step + 1
+        # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
+        # holds the same gradient, so every rank finds the same norm and takes the same branch:
+        # no collective decides it (FSDP's norm is clipping's all-reduce of the shards' norms).
+        if self.scaling:
+            self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient
+        norm = self.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
+        agreed = self.agreement.read(norm)  # one host read a step: the norm and the agreement
+        applied = self.update(step, step_loss, agreed.grad_norm)
+        if applied:
+            window.add_loss(step_loss, targets)
+        self.log_step(agreed.previous_loss_sum)
+        self.unagreed = (step, step_loss, agreed.targets)
+        window.targets += agreed.targets
+        self.pos.step = step
+        self.schedule.advance(step)
         window.samples += self.global_batch
         window.steps += 1
         if self.watchdog:
             self.watchdog.progress()
-        return signum
-
-    def forward_backward(
-        self, batch: Any, total: torch.Tensor | None, targets: Any, last: bool
-    ) -> tuple[torch.Tensor, Any, Any]:
-        """One micro-batch: its loss added to the step's (``total``, ``targets``), on the
-        device; the step's flags sent with the ``last`` (before its backward, whose gradient
-        all-reduce carries them); then its backward."""
-        loss = self.micro_loss(self.forward, batch)
-        total = loss.total.detach() if total is None else total + loss.total.detach()
-        targets = loss.count if targets is None else targets + loss.count
-        flags = self.flags.send(total, targets) if last else None
-        self.parallel.backward(loss.total, self.backward_seed(loss.total))
-        return total, targets, flags
-
-    def backward_seed(self, total: torch.Tensor) -> torch.Tensor:
-        """The gradient ``total``'s backward starts from: ``loss_scale`` (GradScaler's scale on
-        top for fp16), not 1, so the gradient is loss_scale x the loss's without a
-        multiplication in the graph. In ``total``'s dtype, shape and device; made once per
-        dtype, and again if anything wrote into it (a custom ``backward`` changing its
-        ``grad_output`` in place) or the loss changed shape."""
-        seed = self.seeds.get(total.dtype)
-        if seed is None or seed._version or seed.shape != total.shape:
-            seed = self.seeds[total.dtype] = torch.full_like(total, self.loss_scale)
-        return self.scaler.scale(seed) if self.scaling else seed
-
-    def compute_seconds(self, started: float) -> float:
-        """This rank's compute since ``started``: until its synced backward had every gradient
-        (waiting for slower ranks is not compute), else until now."""
-        ready = self.parallel.gradients_ready_at
-        return (ready if ready is not None and ready > started else time.perf_counter()) - started
-
-    def update(self, targets: torch.Tensor | float) -> None:
-        """Apply the step's gradient, the mean over the global batch's ``targets`` (a device
-        tensor when the flags are read late)."""
-        # One target per sample (known on the host): backward and DDP gave the mean already.
-        per_sample = not isinstance(targets, torch.Tensor) and targets == self.global_batch
-        if self.objective.exact and not per_sample:
-            self.rescale_gradients(targets)
-        if self.c.grad_clip:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradient
-            self.parallel.clip_grad_norm_(self.c.grad_clip)
-        if self.scaling:
-            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 grads
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def rescale_gradients(self, targets: torch.Tensor | float) -> None:
-        """From the sum over the global batch divided by its samples (what backward and DDP
-        gave) to the sum divided by its targets."""
-        if not isinstance(targets, torch.Tensor):
-            factor: Any = self.global_batch / targets if targets else 0.0
-        else:  # on the device: no host sync
-            factor = torch.where(targets > 0, self.global_batch / targets, 0.0)
-        grads = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
-        if grads:
-            if isinstance(factor, torch.Tensor):
-                factor = factor.to(grads[0].dtype)
-            torch._foreach_mul_(grads, factor)
-
-    def nonfinite_at(self, step: int) -> None:
-        """Step ``step``'s loss was non-finite on some rank: every rank stops, or counts it."""
-        if self.c.on_nonfinite == "stop":
-            raise NonFiniteLoss(
-                f"non-finite loss at step {step} on at least one rank; "
-                "stopping every rank (on_nonfinite=stop)"
-            )
-        self.skipped_steps += 1
-        log.warning("step %d: non-finite loss, update skipped on every rank", step)
-
-    def take_flags(self, step: int | None, agreed: Agreed | None) -> int:
-        """Account for step ``step``'s flags, read on the host: its targets, a skipped update;
-        returns the stop signal they carry (0: none, or nothing read)."""
-        if agreed is None:
-            return 0
-        self.window.targets += agreed.targets
-        if self.log_every and step % self.log_every == 0:  # type: ignore[operator]
-            self.log_step(step, agreed)  # type: ignore[arg-type]
-        if agreed.nonfinite:
-            self.nonfinite_at(step)  # type: ignore[arg-type]
         return agreed.signal
 
-    def log_step(self, step: int, agreed: Agreed) -> None:
-        """Step ``step``'s loss, which its agreed flags carry (no host sync of its own), and
-        its learning rate, to the trackers (``--log-every``)."""
-        lr = self.schedule.rate(step - 1)
-        self.trackers.log(step, {"train/loss": agreed.loss, "train/lr": lr})
+    def next_batch(self, batches: Any) -> Any:
+        """The loader's next batch, on this rank's device."""
+        batch = next(batches)
+        # (on the CPU a batch is where the loader made it)
+        return to_device(batch, self.device) if self.moves_batches else batch
+
+    def loss_scale(self, micro_loss: torch.Tensor) -> torch.Tensor:
+        """What a micro-batch's loss sum is multiplied by before its backward: world size /
+        the global batch's target count. DDP averages gradients over ranks, so the gradient
+        applied is then the sum over every target of the global batch divided by their
+        count, at any world size and accumulation split (0 if the batch has no target).
+
+        A loss that is non-finite on this rank gets a NaN scale instead: its gradient is then
+        NaN, so after the all-reduce every rank's gradient is, and ``update`` skips the step
+        on every rank, with no collective of its own (a non-finite loss can have a finite
+        gradient: cross-entropy against a logit of -inf)."""
+        world = self.ctx.world_size
+        if self.objective.counts_samples:  # one target a sample: the count is the global batch
+            scale = self.sample_scale
+        else:  # waits for the agreed count (in flight since the step began)
+            count = self.agreement.targets()
+            scale = torch.where(count > 0, world / count, 0.0)
+        scale = scale.to(micro_loss.dtype)
+        return torch.where(torch.isfinite(micro_loss.detach()), scale, torch.nan)
+
+    def update(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
+        """Step the optimizer unless the gradient's ``norm`` is non-finite (fp16: GradScaler
+        decides); True if the step counts as trained."""
+        finite = math.isfinite(norm)
+        if self.scaling:
+            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 gradients
+            self.scaler.update()
+        elif finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return finite or self.nonfinite_step(step, step_loss, norm)
+
+    def nonfinite_step(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
+        """Step ``step``'s gradient was non-finite on every rank, its update not applied: say
+        why once (one collective, every rank being here: how many ranks' loss was non-finite),
+        then stop every rank (``on_nonfinite=stop``) or count it. Under fp16 a gradient that
+        overflowed behind finite losses is GradScaler's to handle: it skipped the step and
+        lowered its scale; that step counts as trained (returns True)."""
+        bad = ranks_with_nonfinite_loss(step_loss, self.ctx.world_size)
+        if self.scaling and not bad:
+            log.debug("step %d: fp16 gradient overflow; GradScaler skipped it", step)
+            return True
+        if bad:
+            what = f"non-finite loss on {bad} of {self.ctx.world_size} rank(s)"
+        else:
+            what = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
+        if self.c.on_nonfinite == "stop":
+            raise NonFiniteStep(f"step {step}: {what}; stopping every rank (on_nonfinite=stop)")
+        self.skipped_steps += 1
+        if self.ctx.is_main:
+            log.warning("step %d: %s; update skipped on every rank", step, what)
+        return False
+
+    def log_step(self, loss_sum: float) -> None:
+        """The step before's loss, agreed with this step's targets, and its learning rate, to
+        the trackers every ``--log-every`` steps."""
+        if self.unagreed is None:
+            return
+        step, _, targets = self.unagreed
+        self.unagreed = None
+        if self.log_every and step % self.log_every == 0:
+            loss = loss_sum / targets if targets else math.nan
+            self.trackers.log(step, {"train/loss": loss, "train/lr": self.schedule.rate(step - 1)})
+
+    @property
+    def unagreed_loss(self) -> torch.Tensor | None:
+        return self.unagreed[1] if self.unagreed else None
 
     def settle(self) -> int:
-        """Read the step flags still pending (``flags_read=late``); the stop signal they carry."""
-        return self.take_flags(*self.flags.collect())
+        """Agree now on what waits for the next step's all-reduce: the last step's loss (for
+        the trackers) and a stop signal received since the step began. Every rank calls it at
+        the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
+        self.agreement.send(0, self.unagreed_loss)
+        agreed = self.agreement.read()
+        self.log_step(agreed.previous_loss_sum)
+        return agreed.signal
 
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:
         """Evaluate, save and stop, decided in one place; True when this invocation stops.
@@ -442,7 +464,7 @@ class Trainer:
         stop_after = bool(c.stop_after) and steps_this_run >= c.stop_after
         stop_after = stop_after and step < self.total_steps
         due = eval_due or stop_after or bool(c.ckpt_every and step % c.ckpt_every == 0)
-        if due or signum:  # what a step leaves behind needs its flags read
+        if due or signum:  # the last step's loss and a late stop signal are agreed first
             signum = self.settle() or signum
         if not (due or signum):
             return False

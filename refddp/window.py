@@ -18,42 +18,33 @@ class Window:
     """One rank's window. Times are this rank's; samples and targets count the global batch.
 
     The loss is summed over the targets of the steps whose update was applied, in float64, on
-    the device (no host sync per step) or, where the host reads every step's loss anyway (on
-    the CPU and for one process, flags read now), on the host; an evaluation all-reduces it.
+    the device (no host read of its own); an evaluation all-reduces it.
     """
 
-    loss_sum: torch.Tensor | float
-    loss_targets: torch.Tensor | float
+    loss_sum: torch.Tensor
+    loss_targets: torch.Tensor
     start: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0  # carried over from before a resume
     samples: int = 0
     targets: float = 0.0  # the global batches' targets, as the agreed flags counted them
     steps: int = 0
     data_wait: float = 0.0
-    # This rank's own time computing its share of the steps (forward and backward, up to its
-    # gradients being ready: not the wait for slower ranks), this invocation only: the
-    # straggler report compares ranks on it (``refddp/stragglers.py``), with the data wait
-    # and steps this invocation added (a resumed window carries rank 0's from before).
+    # This rank's own time computing its share of the steps, this invocation only (what
+    # ``Trainer.train_step`` times: never a wait for slower ranks): the straggler report
+    # compares ranks on it (``refddp/stragglers.py``), with the data wait and steps this
+    # invocation added (a resumed window carries rank 0's from before).
     compute: float = 0.0
     carried_data_wait: float = 0.0
     carried_steps: int = 0
 
     @classmethod
-    def open(
-        cls, device: torch.device, saved: dict[str, Any] | None = None, on_host: bool = False
-    ) -> Window:
-        """A new window; ``saved``: the one a checkpoint carried over (``Window.saved``);
-        ``on_host``: the loss is summed in Python floats."""
+    def open(cls, device: torch.device, saved: dict[str, Any] | None = None) -> Window:
+        """A new window; ``saved``: the one a checkpoint carried over (``Window.saved``)."""
         saved = saved or {}
         loss_sum, loss_targets = saved.get("loss", (0.0, 0.0))
-        if on_host:  # (add_loss tells the two apart by the type)
-            loss_sum, loss_targets = float(loss_sum), float(loss_targets)
-        else:
-            loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
-            loss_targets = torch.tensor(loss_targets, dtype=torch.float64, device=device)
         return cls(
-            loss_sum=loss_sum,
-            loss_targets=loss_targets,
+            loss_sum=torch.tensor(loss_sum, dtype=torch.float64, device=device),
+            loss_targets=torch.tensor(loss_targets, dtype=torch.float64, device=device),
             seconds=saved.get("seconds", 0.0),
             samples=saved.get("samples", 0),
             targets=saved.get("targets", 0.0),
@@ -63,25 +54,10 @@ class Window:
             carried_steps=saved.get("steps", 0),
         )
 
-    def add_loss(
-        self,
-        total: torch.Tensor | float,
-        targets: torch.Tensor | float,
-        applied: torch.Tensor | bool,
-    ) -> None:
-        """Count a step's loss if its update was applied (``applied`` on the device: a step
-        skipped there counts nothing, without the host knowing yet)."""
-        if isinstance(applied, torch.Tensor):
-            self.loss_sum += torch.where(applied, total, 0.0)
-            self.loss_targets += applied * targets  # (an int multiplies on the device)
-        elif not applied:
-            return
-        elif isinstance(self.loss_sum, float):  # read on the host: exact in float64
-            self.loss_sum += float(total)
-            self.loss_targets += float(targets)
-        else:
-            self.loss_sum += total
-            self.loss_targets += targets
+    def add_loss(self, total: torch.Tensor, targets: torch.Tensor | int) -> None:
+        """Count an applied step's loss: this rank's sum over its ``targets``."""
+        self.loss_sum += total
+        self.loss_targets += targets
 
     def elapsed(self) -> float:
         """Seconds of training in this window (a resume's carried-over share included)."""
@@ -111,9 +87,6 @@ class Window:
         """This rank's [loss sum, targets] (a host sync: at saves only)."""
         return [float(self.loss_sum), float(self.loss_targets)]
 
-    def loss_tensor(self, device: torch.device) -> torch.Tensor:
-        """This rank's [loss sum, targets] as one float64 tensor on ``device`` (to all-reduce)."""
-        if isinstance(self.loss_sum, float):
-            return torch.tensor([self.loss_sum, self.loss_targets], dtype=torch.float64,
-                                device=device)  # fmt: skip
+    def loss_tensor(self) -> torch.Tensor:
+        """This rank's [loss sum, targets] as one float64 tensor (to all-reduce)."""
         return torch.stack([self.loss_sum, self.loss_targets])

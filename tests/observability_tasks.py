@@ -10,15 +10,15 @@ import torch.distributed as dist
 from refddp.dist import init_distributed
 from refddp.trainer import Trainer
 from tests import recording_tracker
-from tests.rank_tasks import fit_recording_host_reads, tiny_config
+from tests.rank_tasks import fit, tiny_config
 
 
 def fit_with_recording_tracker(out: str, **overrides) -> dict:
-    """``fit_recording_host_reads`` with ``--log-to recording``: the host reads of every step,
-    and what rank 0's tracker was sent (nothing on the other ranks)."""
+    """``fit`` with ``--log-to recording``: what rank 0's tracker was sent (nothing on the
+    other ranks)."""
     recording_tracker.register()
-    found = fit_recording_host_reads(out, log_to="recording", **overrides)
-    return {**found, "points": list(recording_tracker.POINTS),
+    found = fit(out, log_to="recording", **overrides)
+    return {"step": found["step"], "points": list(recording_tracker.POINTS),
             "records": list(recording_tracker.RECORDS),
             "events": list(recording_tracker.EVENTS)}  # fmt: skip
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import torch
@@ -13,7 +12,6 @@ from refddp.checkpoint import unwrap
 from refddp.config import TrainConfig
 from refddp.dist import init_distributed
 from refddp.evaluation import evaluate
-from refddp.step_flags import Alone
 from refddp.testing import record_collectives
 from refddp.testing.collectives import process_group_sequence
 from refddp.trainer import Trainer
@@ -222,7 +220,7 @@ def fit_full_weights(out: str, **overrides) -> dict:
 
 def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     """A trainer built on the CPU with ``fuses_on_cuda`` answering ``fuses`` (as it would on a
-    GPU): whether its optimizer runs fused kernels, and whether its flags read late."""
+    GPU): whether its optimizer runs fused kernels."""
     import refddp.trainer
 
     real = refddp.trainer.fuses_on_cuda
@@ -231,8 +229,7 @@ def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
         trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
     finally:
         refddp.trainer.fuses_on_cuda = real
-    fused = [bool(g.get("fused")) for g in trainer.optimizer.param_groups]
-    return {"fused": fused, "late": trainer.flags.late}
+    return {"fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups]}
 
 
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
@@ -291,117 +288,13 @@ def fit_counting_compiled_graphs(out: str, **overrides) -> dict:
     return {**result, "graphs": counters["stats"]["unique_graphs"] - before}
 
 
-def fit_recording_host_reads(out: str, **overrides) -> dict:
-    """``fit``, recording during each optimizer step (``train_step``, not the evaluations and
-    saves after it) every tensor the host reads (``item``, ``tolist``, ``bool``, ``float``),
-    as "flags" (the step flags' host copy) or "device" (any other: a host sync on a GPU)."""
-    reads: list[list[str]] = []
-    open_step: list[list[str]] = []  # the step being recorded, if any
-    probed = ("item", "tolist", "__bool__", "__float__")
-    originals = {name: getattr(torch.Tensor, name) for name in probed}
-    train_step = Trainer.train_step
-
-    def by_the_harness() -> bool:  # its collective-order check reads fingerprints
-        frame = sys._getframe(2)  # the caller of the read: refddp code nearest to it decides
-        while frame is not None and "/refddp/" not in frame.f_code.co_filename:
-            frame = frame.f_back
-        return frame is not None and "/refddp/testing/" in frame.f_code.co_filename
-
-    def probe(name):
-        def read(tensor, *args):
-            if open_step and not by_the_harness():
-                ours = tensor.data_ptr() == trainer.flags._host.data_ptr()
-                open_step[0].append("flags" if ours else "device")
-            return originals[name](tensor, *args)
-
-        return read
-
-    def loading(batches):  # the data pipeline's host tensors (a sampler's order) are not read
-        while True:  # back from the device: they are not counted
-            paused = open_step.pop()
-            try:
-                batch = next(batches)
-            finally:
-                open_step.append(paused)
-            yield batch
-
-    def recorded(self, batches):
-        open_step.append([])
-        try:
-            return train_step(self, loading(batches))
-        finally:
-            reads.append(open_step.pop())
-
-    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
-    Trainer.train_step = recorded
-    for name in probed:
-        setattr(torch.Tensor, name, probe(name))
-    try:
-        result = trainer.fit()
-    finally:
-        Trainer.train_step = train_step
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-    return {"reads": reads, "step": result["step"]}
-
-
-def fit_on_gpu_raising_on_host_syncs(out: str, **overrides) -> dict:
-    """``fit`` on this rank's GPU with CUDA's sync debug mode set to "error" inside every
+def fit_on_gpu_counting_host_syncs(out: str, **overrides) -> dict:
+    """``fit`` on this rank's GPU with CUDA's sync debug mode set to "warn" inside every
     optimizer step but the first two (the optimizer's state and DDP's buckets are made there):
-    any host sync in a step raises."""
+    the host syncs each of those steps made, and whether the optimizer was fused."""
     c = tiny_config(out, device="cuda", dtype="float32", **overrides)
     trainer = Trainer(c, init_distributed("cuda"))
-    train_step = trainer.train_step
-
-    def strict(batches):
-        if trainer.pos.step < 2:
-            return train_step(batches)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return train_step(batches)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-    trainer.train_step = strict
-    result = trainer.fit()
-    return {"step": result["step"], "late": trainer.flags.late}
-
-
-GPU_SLEEP_CYCLES = 20_000_000  # ~10 ms of an H100's clock: far longer than a step's host work
-
-
-def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
-    """``fit`` on one GPU (flags read now: auto's choice for one process) with CUDA's sync debug
-    mode set to "warn" inside every optimizer step but the first two: the host syncs each of
-    those steps made, the losses the steps read (from the copy their send started), whether the
-    optimizer was fused and where the loss window summed.
-
-    Each send is preceded by ~10 ms of sleep queued on the stream, so the copy it starts lands
-    long after the host could read the pinned buffer: a read that did not wait on the copy's
-    event would find the previous step's loss there. ``sent`` holds a device clone of each
-    step's loss sum taken at its send, read only after ``fit``: no sync inside a step."""
-    c = tiny_config(out, device="cuda", dtype="float32")
-    trainer = Trainer(c, init_distributed("cuda"))
-    train_step, syncs, read = trainer.train_step, [], trainer.flags.read
-    send = trainer.flags.send
-    losses: list[float] = []
-    read_sums: list[float] = []
-    sent: list[torch.Tensor] = []
-
-    def sending(step_loss, targets):  # type: ignore[no-untyped-def]
-        torch.cuda._sleep(GPU_SLEEP_CYCLES)  # the copy below is queued behind it
-        sent.append(step_loss.detach().clone())
-        return send(step_loss, targets)
-
-    def reading(flags):  # type: ignore[no-untyped-def]
-        agreed = read(flags)
-        if isinstance(flags, Alone):  # a step's (a save reads its stop flags too)
-            losses.append(agreed.loss)
-            read_sums.append(agreed.loss_sum)
-        return agreed
-
-    trainer.flags.send = sending
-    trainer.flags.read = reading
+    train_step, syncs = trainer.train_step, []
     with warnings.catch_warnings():  # the mode's own first switch syncs: made before counting
         warnings.simplefilter("ignore")
         torch.cuda.set_sync_debug_mode("warn")
@@ -420,15 +313,11 @@ def fit_on_one_gpu_counting_host_syncs(out: str) -> dict:
                 syncs.append(sum("synchroniz" in str(w.message) for w in caught))
 
     trainer.train_step = counted
-    trainer.fit()
+    result = trainer.fit()
     return {
         "syncs": syncs,
-        "losses": losses,
-        "read_sums": read_sums,
-        "sent_sums": [float(t) for t in sent],
-        "copies_early": trainer.flags._early is not None,
+        "step": result["step"],
         "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
-        "window_on_host": isinstance(trainer.window.loss_sum, float),
     }
 
 

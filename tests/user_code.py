@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from refddp.data import TensorPairDataset, synthetic
 
@@ -259,3 +260,62 @@ class WorkerRandomDataset(WrappedDataset):
 def worker_random_datasets(config):
     train, val = synthetic(config)
     return WorkerRandomDataset(train), val
+
+
+MARK = 1234.0  # the first feature of the one training sample ``marked_datasets`` marks
+
+
+def marked_datasets(config):
+    """The synthetic data, with training sample 10's first feature set to ``MARK``: the losses
+    below misbehave on that sample only, so on one rank at one step, wherever the sampler
+    puts it (and whatever state a warm rank process carries from earlier tests)."""
+    train, val = synthetic(config)
+    x = train.x.clone()
+    x[10, 0] = MARK
+    return TensorPairDataset(x, train.y), val
+
+
+def _marked(batch):
+    x, _ = batch
+    return x[:, 0] == MARK
+
+
+def nan_gradient_loss(outputs, batch):
+    """Cross-entropy summed over the batch, plus, for the marked sample, a distance between
+    its output and a detached copy of it: 0 in value, 0/0 (NaN) in gradient. The loss stays
+    finite; the gradient does not."""
+    _, y = batch
+    total = torch.nn.functional.cross_entropy(outputs, y, reduction="sum")
+    marked = outputs[_marked(batch)]
+    return total + ((marked - marked.detach()) ** 2).sum().sqrt(), (y != -100).sum()
+
+
+def infinite_loss_finite_gradient_loss(outputs, batch):
+    """Cross-entropy summed over the batch, with the marked sample's target logit masked to
+    -inf: its loss is inf, yet every gradient is finite (softmax minus the one-hot target)."""
+    _, y = batch
+    target = torch.nn.functional.one_hot(y, outputs.shape[-1]).bool()
+    masked = outputs.masked_fill(target & _marked(batch)[:, None], float("-inf"))
+    return torch.nn.functional.cross_entropy(masked, y, reduction="sum"), (y != -100).sum()
+
+
+class CheckpointedMLP(torch.nn.Module):
+    """An MLP whose hidden layers run under activation (gradient) checkpointing: their
+    activations are recomputed in the backward, as memory-bound users train."""
+
+    def __init__(self, config):
+        super().__init__()
+        width = config.hidden_size
+        self.inp = torch.nn.Linear(config.input_dim, width)
+        self.hidden = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(),
+                                          torch.nn.Linear(width, width), torch.nn.Tanh())  # fmt: skip
+        self.out = torch.nn.Linear(width, config.num_classes)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = torch.utils.checkpoint.checkpoint(self.hidden, h, use_reentrant=False)
+        return self.out(h)
+
+
+def checkpointed_mlp(config):
+    return CheckpointedMLP(config).to(getattr(torch, config.dtype))

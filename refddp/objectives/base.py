@@ -48,6 +48,18 @@ class Objective:
     # instead of counting the scored ones on the device every step. Set by build_objective.
     count_on_host = False
 
+    def count(self, batch: Any) -> torch.Tensor | int:
+        """The targets of ``batch`` its loss is summed over, counted before the forward: the
+        trainer agrees on the global batch's count while the forward runs and scales the loss
+        by it before the backward (``refddp/trainer.py``). ``LossTerms.count`` is the same."""
+        raise NotImplementedError
+
+    @property
+    def counts_samples(self) -> bool:
+        """Every sample is one target (``count`` is the batch size): the global count is the
+        global batch, known without agreeing on it."""
+        return not self.exact
+
     def forward(self, model: nn.Module, batch: Any) -> Any:
         args, kwargs = model_inputs(batch, self.targets_in_call)
         return model(*args, **kwargs)

@@ -36,12 +36,19 @@ class CrossEntropy(Objective):
             )
         return logits
 
-    def loss(self, outputs: Any, batch: Any) -> LossTerms:
+    def count(self, batch: Any) -> torch.Tensor | int:
         targets = targets_of(batch, self.name)
-        logits = self.logits(outputs)
         if self.count_on_host:  # nothing is ignored: every target counts
-            return LossTerms(_summed_loss(logits, targets), targets.numel())
-        return _summed(logits, targets)
+            return targets.numel()
+        return scored_count(targets)
+
+    @property
+    def counts_samples(self) -> bool:
+        return self.count_on_host and not self.sequence
+
+    def loss(self, outputs: Any, batch: Any) -> LossTerms:
+        logits = self.logits(outputs)
+        return LossTerms(_summed_loss(logits, targets_of(batch, self.name)), self.count(batch))
 
     def check(self, model: nn.Module, batch: Any) -> None:
         outputs = self.forward(model, batch)

@@ -65,7 +65,10 @@ class ModelLoss(Objective):
             )
         return loss.reshape(())
 
-    def count(self, batch: Any) -> torch.Tensor:
+    def count(self, batch: Any) -> torch.Tensor | int:
+        return self.labels_counted(batch) if self.exact else batch_size(batch)
+
+    def labels_counted(self, batch: Any) -> torch.Tensor:
         """The batch's targets as the model's loss counts them."""
         if SHIFT_LABELS in batch:
             labels = batch[SHIFT_LABELS]
@@ -76,7 +79,7 @@ class ModelLoss(Objective):
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         loss = self.loss_of(outputs)
         if self.exact:
-            return LossTerms(loss, self.count(batch))
+            return LossTerms(loss, self.labels_counted(batch))
         samples = batch_size(batch)
         return LossTerms(loss * samples, samples)
 
@@ -95,7 +98,7 @@ class ModelLoss(Objective):
         counts = {}
         for shifts in (False, True):
             self.shifts = shifts
-            counts[shifts] = int(self.count(batch))
+            counts[shifts] = int(self.labels_counted(batch))
         if not counts[False]:
             raise ConfigError(
                 "loss: the first batch has no targets (every label is -100): check the data"

@@ -4,6 +4,12 @@ The model is called without the targets (a tuple's last element, a dict's ``labe
 gets its outputs and the whole batch. It returns either ``(loss_sum, count)`` (the loss summed
 over the batch's ``count`` targets: refddp then normalises exactly, by the global batch's
 count) or a scalar loss, taken to be the batch's mean: micro-batch means.
+
+refddp needs a batch's count before the forward (it agrees on the global count while the
+forward runs, and scales the loss by it before the backward). It counts the batch's targets
+other than -100 (a dict's ``labels``, a tuple's last element), or calls ``fn.count(batch)``
+where the function has a ``count`` attribute (for a loss that counts otherwise); the first
+batch checks that this is the count ``fn`` returns.
 """
 
 from __future__ import annotations
@@ -16,13 +22,19 @@ from torch import nn
 
 from refddp.config import ConfigError
 from refddp.objectives.base import LossTerms, Objective
-from refddp.objectives.batches import batch_size
+from refddp.objectives.batches import batch_size, scored_count, targets_of
 
 
 class UserLoss(Objective):
     def __init__(self, spec: str, fn: Callable[[Any, Any], Any]):
         self.name, self.fn = spec, fn
         self.exact = True
+
+    def count(self, batch: Any) -> torch.Tensor | int:
+        if not self.exact:
+            return batch_size(batch)
+        counter = getattr(self.fn, "count", None)
+        return counter(batch) if callable(counter) else scored_count(targets_of(batch, self.name))
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         found = self.fn(outputs, batch)
@@ -46,6 +58,17 @@ class UserLoss(Objective):
                 f"loss: {self.name} returned a count of type {type(found[1]).__name__}; "
                 "(loss_sum, count) needs a number or a tensor count"
             )
+        if self.exact:
+            returned, counted = float(found[1]), float(self.count(batch))
+            if returned != counted:
+                how = "its count(batch)" if callable(getattr(self.fn, "count", None)) else (
+                    "its targets other than -100")  # fmt: skip
+                raise ConfigError(
+                    f"loss: {self.name} returned a count of {returned:g} for the first batch, "
+                    f"but {how} number {counted:g}; refddp counts each batch before its "
+                    f"forward: give {self.name.split(':')[-1]} a count(batch) attribute that "
+                    "returns the count it divides by"
+                )
 
     def describe(self) -> str:
         if self.exact:

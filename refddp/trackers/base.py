@@ -4,8 +4,8 @@ Every tracker runs on rank 0 only and never issues a collective (the trainer cal
 fan-out on every rank; on the others it holds no tracker). What a tracker receives:
 
 - ``log(step, scalars)``: the training loss (the global mean over the step's targets) and the
-  learning rate, every ``--log-every`` steps. The loss rides the step flags' all-reduce and is
-  read with them (``refddp/step_flags.py``): no host sync of its own.
+  learning rate, every ``--log-every`` steps. The loss rides the next step's agreement
+  (``refddp/step_agreement.py``) and is read with it: no collective or host read of its own.
 - ``record(record)``: one evaluation's history record (validation metrics, the window's mean
   training loss, throughput, data wait, memory, stragglers), as ``history.jsonl`` holds it.
 - ``flush()`` before every checkpoint is written: what a killed run logged up to its last

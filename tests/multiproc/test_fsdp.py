@@ -117,8 +117,7 @@ def test_a_sigkilled_fsdp_rank_is_restarted_from_its_dcp_checkpoint_bit_identica
 @pytest.mark.slow  # inductor compiles each FSDP unit, or DDP's graph split at buckets: ~20 s
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_torch_compile_trains_like_eager(spawn, tmp_path, strategy):
-    # Under DDP the compiled module is DDP around FlagCarrier: the flags' parameter, never
-    # used in forward, is still handed its gradient (refddp/parallel.py).
+    # Under DDP the compiled module is torch.compile around DDP around the user's model.
     flags = dict(strategy=strategy, epochs=1)
     eager = spawn(fit_counting_compiled_graphs, str(tmp_path / "eager"), **flags)[0]
     compiled = spawn(fit_counting_compiled_graphs, str(tmp_path / "compiled"), compile=True,

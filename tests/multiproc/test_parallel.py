@@ -1,9 +1,8 @@
 """refddp.parallel: the DDP and FSDP2 strategies behind one interface, proven on gloo ranks.
 
 FSDP must train exactly like DDP (float64: within rounding) with accumulation and clipping,
-its checkpoint state must be DDP's (full, clean keys, torch's optimizer layout) so runs move
-between strategies, and the DDP strategy's per-step agreement must ride the gradient
-all-reduce instead of adding a collective.
+and its checkpoint state must be DDP's (full, clean keys, torch's optimizer layout) so runs
+move between strategies.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import torch.nn.functional as F
 from refddp.config import TrainConfig
 from refddp.dist import DistContext
 from refddp.models import build_model
-from refddp.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
-from refddp.step_flags import FLAG_COUNT
+from refddp.parallel import FullyShardedParallel, Parallel, fsdp_blocks
 from refddp.testing.collectives import process_group_sequence
 from tests.rank_tasks import fit_recording_collectives
 
@@ -42,9 +40,9 @@ def _train(parallel: Parallel, optimizer: torch.optim.Optimizer, steps: int, acc
             context = parallel.no_sync() if micro < accum - 1 else torch.enable_grad()
             with context:
                 loss = F.cross_entropy(parallel.module(mine_x[part]), mine_y[part]) / accum
-                parallel.backward(loss, torch.ones_like(loss))
+                loss.backward()
         if clip:
-            parallel.clip_grad_norm_(clip)
+            parallel.grad_norm(clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -125,45 +123,6 @@ def test_checkpoint_state_moves_between_ddp_fsdp_and_one_process(spawn):
     # Each rank stores about half of every parameter (dim-0 shards; odd sizes round).
     assert rank0["shard"] + rank1["shard"] == rank0["total"]
     assert abs(rank0["shard"] - rank0["total"] / 2) <= 0.1 * rank0["total"]
-
-
-def flags_on_the_gradient_all_reduce(raise_on: int, attach: bool, find_unused: bool) -> dict:
-    """Three training steps; rank ``raise_on`` raises flag 0 in each, and each rank sends a
-    count of 1000 + its rank. Returns the last step's agreed flags and how many collectives
-    the default group ran during it (DDP rebuilds its buckets at the second step)."""
-    c = TrainConfig(**CONFIG, find_unused_parameters=find_unused)
-    parallel = build_parallel(build_model(c), c, _ctx())
-    rank = dist.get_rank()
-    for _ in range(3):  # each step's flags alone: none adds to the last one's
-        flags = torch.zeros(FLAG_COUNT)
-        flags[0], flags[1] = float(rank == raise_on), 1000.0 + rank
-        before = process_group_sequence()
-        if attach:
-            parallel.set_flags(flags)
-        x = torch.randn(4, 8, dtype=torch.float64)
-        loss = F.cross_entropy(parallel.module(x), torch.zeros(4, dtype=torch.long))
-        parallel.backward(loss, torch.ones_like(loss))
-        agreed = parallel.agree(flags)
-    return {"agreed": agreed.tolist(), "collectives": process_group_sequence() - before}
-
-
-@pytest.mark.parametrize("find_unused", [False, True], ids=["carrier", "comm-hook"])
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_ddp_step_flags_ride_the_gradient_all_reduce(spawn, world_size, find_unused):
-    carried = spawn(flags_on_the_gradient_all_reduce, 1, True, find_unused, world_size=world_size)
-    separate = spawn(flags_on_the_gradient_all_reduce, 1, False, find_unused,
-                     world_size=world_size)  # fmt: skip
-    count = 1000.0 * world_size + sum(range(world_size))
-    expected = [1.0, count] + [0.0] * (FLAG_COUNT - 2)
-    # Summed over ranks (the carrier's: DDP's mean times the world size, to rounding).
-    for rank in carried + separate:
-        assert rank["agreed"] == pytest.approx(expected, rel=1e-6), (carried, separate)
-    # Carried flags cost no collective beyond the gradient's own: one bucket's all-reduce (and
-    # with find_unused_parameters, DDP's all-reduce of which parameters were used); agreeing
-    # apart costs one.
-    own = 2 if find_unused else 1
-    assert [r["collectives"] for r in carried] == [own] * world_size, carried
-    assert [r["collectives"] for r in separate] == [own + 1] * world_size, separate
 
 
 def collectives_per_micro_batch() -> dict:

@@ -10,13 +10,17 @@ from tests.observability_tasks import fit_with_a_slow_rank
 DELAY_S = 0.02  # per forward or backward: ~20x this tiny model's own compute per step
 
 
-# Slow in the backward too: its compute runs until every gradient is in, not until the
-# backward starts.
-@pytest.mark.parametrize("slow_rank, phase", [(0, "forward"), (1, "forward"), (1, "backward")])
-def test_a_rank_persistently_slower_is_named_in_history_and_warned_about(spawn, tmp_path,
-                                                                         slow_rank, phase):  # fmt: skip
+# Slow in the backward too, where the backward only accumulates (grad_accum 2: the first of
+# each step's two): the backward that all-reduces ends waiting for the slowest rank, so it is
+# not timed with several ranks (docs/known-limitations.md).
+@pytest.mark.parametrize(
+    "slow_rank, phase, accum", [(0, "forward", 1), (1, "forward", 1), (1, "backward", 2)]
+)
+def test_a_rank_persistently_slower_is_named_in_history_and_warned_about(
+    spawn, tmp_path, slow_rank, phase, accum
+):
     found = spawn(fit_with_a_slow_rank, str(tmp_path / "run"), slow_rank, DELAY_S, phase,
-                  eval_every=4)  # fmt: skip
+                  eval_every=4, grad_accum=accum, batch_size=4 // accum)  # fmt: skip
     records = found[0]["records"]
     assert len(records) == 6  # 24 steps
     for record in records:

@@ -142,7 +142,8 @@ def test_nonfinite_loss_stop_policy_stops_every_rank_with_a_clear_message(spawn,
         spawn(fit, str(tmp_path), data="tests.user_code:exploding_datasets", on_nonfinite="stop")
     assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
     for text in info.value.failures.values():
-        assert re.search(r"NonFiniteLoss: non-finite loss at step \d+ on at least one rank", text)
+        assert re.search(r"NonFiniteStep: step \d+: non-finite loss on [12] of 2 rank\(s\); "
+                         "stopping every rank", text)
 
 
 def test_config_error_inside_a_rank_is_a_config_error(spawn, tmp_path):
@@ -186,15 +187,15 @@ def test_gradient_clipping_bounds_the_true_gradient_under_amp(spawn, tmp_path, a
 def test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the_accumulation(
     spawn, tmp_path, grad_accum
 ):
-    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward, which also
-    # carries the step's flags. Syncing every micro-batch would give the same weights (the
-    # mean of means), and agreeing the flags apart the same steps: only the count shows them.
+    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward, and the step's
+    # agreement (target count, stop signals, the last step's loss) is one more. Syncing every
+    # micro-batch would give the same weights (the mean of means): only the count shows it.
     # (DDP rebuilds its buckets once, at the second step's forward, with two broadcasts.)
     counted = spawn(
         count_step_collectives, str(tmp_path), grad_accum=grad_accum, max_steps=5, epochs=2
     )
     for rank in counted:
-        assert rank["steps"] == 5 and rank["collectives"][2:] == [1, 1, 1], counted
+        assert rank["steps"] == 5 and rank["collectives"][2:] == [2, 2, 2], counted
 
 
 @pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])

@@ -78,12 +78,7 @@ def test_yaml_values_are_type_checked(tmp_path):
         (["--ckpt-format", "zarr"], r"--ckpt-format: invalid choice: .zarr."),
         (["--timeout", "0"], r"^timeout: must be > 0"),
         (["--num-classes", "1"], r"^num_classes: must be >= 2"),
-        (["--flags-read", "late", "--amp", "fp16"], r"^flags_read: late cannot be used with amp"),
-        (["--flags-read", "soon"], r"--flags-read: invalid choice: .soon."),
-        (
-            ["--flags-read", "late", "--strategy", "fsdp", "--optimizer", "sgd"],
-            r"^flags_read: late needs a fused optimizer, and torch has no fused SGD for",
-        ),
+        (["--on-nonfinite", "ignore"], r"--on-nonfinite: invalid choice: .ignore."),
     ],
 )
 def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
@@ -109,30 +104,9 @@ def test_fields_table_matches_the_dataclass():
 
 
 @pytest.mark.parametrize(
-    ("flags", "device", "world_size", "late"),
-    [
-        ({}, "cuda", 2, True),  # auto: no host sync per step where one costs
-        ({}, "cpu", 2, False),  # auto: a host read is free on the CPU
-        ({}, "cuda", 1, False),  # one process's own loss: the late read's ops cost more
-        ({"amp": "bf16"}, "cuda", 4, True),
-        ({"amp": "fp16"}, "cuda", 2, False),  # GradScaler reads its inf check every step anyway
-        ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", 2, False),  # no sharded fused SGD
-        ({"strategy": "fsdp"}, "cuda", 2, True),
-        ({"flags_read": "late"}, "cpu", 1, True),
-        ({"flags_read": "late"}, "cuda", 1, True),
-        ({"flags_read": "now"}, "cuda", 2, False),
-    ],
-)
-def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, world_size, late):
-    from refddp.step_flags import reads_late
-
-    assert reads_late(TrainConfig(**flags), torch.device(device), world_size) is late
-
-
-@pytest.mark.parametrize(
     ("flags", "device", "fused"),
     [
-        ({}, "cuda", True),  # read now or late, one kernel a step
+        ({}, "cuda", True),  # one kernel a step
         ({"optimizer": "sgd"}, "cuda", True),
         ({"strategy": "fsdp"}, "cuda", True),
         ({"strategy": "fsdp", "optimizer": "sgd"}, "cuda", False),  # no sharded fused SGD
@@ -142,6 +116,6 @@ def test_flags_read_auto_reads_late_where_a_host_sync_costs(flags, device, world
     ],
 )
 def test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel(flags, device, fused):
-    from refddp.step_flags import fuses_on_cuda
+    from refddp.trainer import fuses_on_cuda
 
     assert fuses_on_cuda(TrainConfig(**flags), torch.device(device)) is fused

@@ -1,0 +1,134 @@
+"""What every rank must agree on each step, in one small all-reduce written where it happens.
+
+Each step every rank sums ``[targets, loss sum of the step before, one flag per stop signal]``
+over all ranks with one ``dist.all_reduce(async_op=True)``, started as soon as the step's
+micro-batches are fetched, so it is in flight while the first forward runs:
+
+- the step's **global target count**, the loss's normaliser: each rank counts its micro-batches'
+  targets before any forward (``Objective.count``), and the first backward waits for the sum
+  (a per-sample loss knows it already: the global batch, and waits only at the step's end);
+- a **stop signal** (SIGTERM, SIGINT, SIGUSR1, which SLURM sends before a time limit with
+  ``--signal=USR1@SECONDS``) received on any rank before the step started: every rank reads the
+  sum at the same step's end and stops there, together;
+- the **loss sum of the step before**, for the trackers' per-step curve (a step late: the loss
+  is only known after the forward, when the all-reduce is long under way).
+
+Whether a step is applied is decided without this all-reduce: from the gradient's norm after
+DDP's all-reduce, the same on every rank (``refddp/trainer.py``).
+
+Before anything a step leaves behind (an evaluation, a checkpoint, the end) the trainer calls
+``send(0, ...)`` once more and reads at once (``Trainer.settle``): the last step's loss and a
+late stop signal are then agreed too.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+class NonFiniteStep(RuntimeError):
+    """A non-finite loss or gradient with ``on_nonfinite=stop``."""
+
+
+class StopRequest:
+    """SIGTERM/SIGINT/SIGUSR1 set a flag; ranks agree on it where they next meet (the step's
+    agreement, the evaluation's all-reduce, the end of a save) and stop together with a
+    checkpoint. Where ranks received different signals, the first in ``SIGNALS`` names the
+    stop (on every rank alike)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signal = signum
+
+
+class Agreed(NamedTuple):
+    """A step's agreement, read on the host: the global target count, the global loss sum of
+    the step before (0.0 if none was sent), the stop signal any rank received (0: none), and
+    the gradient norm read with them (NaN if none)."""
+
+    targets: float
+    previous_loss_sum: float
+    signal: int
+    grad_norm: float = math.nan
+
+
+class StepAgreement:
+    """One rank's side of the per-step all-reduce: ``send`` starts it, ``targets`` waits for
+    the count (on the device), ``read`` waits and reads it all on the host."""
+
+    def __init__(self, stop: StopRequest, device: torch.device, world_size: int):
+        self.stop, self.device, self.world_size = stop, device, world_size
+        # One flag per stop signal, set for the one received: made once per state, in float64
+        # like the counts (exact up to 2**53 targets a step).
+        self._signal_flags = {
+            sig: torch.tensor([float(sig == s) for s in StopRequest.SIGNALS],
+                              dtype=torch.float64, device=device)
+            for sig in (None, *StopRequest.SIGNALS)
+        }  # fmt: skip
+        self._zero = torch.zeros(1, dtype=torch.float64, device=device)
+        self._sums: torch.Tensor | None = None
+        self._work: Any = None
+
+    def send(self, targets: torch.Tensor | int, previous_loss: torch.Tensor | None) -> None:
+        """Start summing this rank's ``targets`` (this step's), ``previous_loss`` (the loss sum
+        of the step before, not yet agreed; None if already) and its stop flags over ranks."""
+        if isinstance(targets, torch.Tensor):
+            count = targets.reshape(1).to(torch.float64)
+        else:  # a fill on the device, not a copy from the host (which would wait for it)
+            count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
+        loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
+        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])
+        self._work = dist.all_reduce(sums, async_op=True) if self.world_size > 1 else None
+        self._sums = sums
+
+    def _wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        assert self._sums is not None, "read before send"
+        return self._sums
+
+    def targets(self) -> torch.Tensor:
+        """The global target count of the step sent, on the device (float64)."""
+        return self._wait()[0]
+
+    def read(self, grad_norm: torch.Tensor | None = None) -> Agreed:
+        """Everything sent, summed over ranks, on the host; with ``grad_norm`` (this rank's
+        value, the same on every rank) in the same read: one host read a step."""
+        sums = self._wait()
+        if grad_norm is not None:
+            sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
+        targets, loss_sum, *flags = sums.tolist()
+        norm = flags.pop() if grad_norm is not None else math.nan
+        signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, flags, strict=True)
+                       if raised), 0)  # fmt: skip
+        return Agreed(targets, loss_sum, signum, norm)
+
+
+def ranks_with_nonfinite_loss(step_loss: torch.Tensor, world_size: int) -> int:
+    """How many ranks' step loss is non-finite: a collective every rank calls, only where the
+    gradient was non-finite (the same on every rank), to say what was."""
+    flag = (~torch.isfinite(step_loss.detach())).to(torch.float64).reshape(1)
+    if world_size > 1:
+        dist.all_reduce(flag)
+    return int(flag.item())

@@ -1,0 +1,67 @@
+"""Nothing non-finite reaches the weights: a step whose loss on any rank, or whose all-reduced
+gradient, is non-finite is skipped on every rank (or stops every rank), decided from the
+gradient's norm, which is the same on every rank after the all-reduce (``refddp/trainer.py``).
+
+The losses misbehave on one marked training sample (``tests/user_code.py``), so on one rank at
+one step: a NaN gradient behind a finite loss (a distance between a vector and its detached
+copy), and an infinite loss behind a finite gradient (a target logit masked to -inf).
+"""
+
+import math
+import re
+
+import pytest
+import torch
+
+from tests.rank_tasks import fit
+
+MARKED = dict(data="tests.user_code:marked_datasets", epochs=1, global_batch_size=8)
+NAN_GRADIENT = "tests.user_code:nan_gradient_loss"
+INFINITE_LOSS = "tests.user_code:infinite_loss_finite_gradient_loss"
+
+
+@pytest.mark.parametrize("loss", [NAN_GRADIENT, INFINITE_LOSS], ids=["nan-gradient", "inf-loss"])
+def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it(
+    spawn, tmp_path, loss
+):
+    one = spawn(fit, str(tmp_path / "one"), world_size=1, loss=loss, **MARKED)[0]
+    two = spawn(fit, str(tmp_path / "two"), world_size=2, loss=loss, **MARKED)
+    assert [r["result"]["skipped_steps"] for r in [one, *two]] == [1, 1, 1]
+    assert one["step"] == two[0]["step"] == 12, "the other steps train"
+    assert math.isfinite(two[0]["result"]["metrics"]["val_loss"])
+    for key, value in one["weights"].items():
+        assert torch.isfinite(value).all(), key
+        assert torch.equal(two[0]["weights"][key], two[1]["weights"][key]), key
+        # The same global batches, the same step skipped: the weights of one process.
+        torch.testing.assert_close(two[0]["weights"][key], value, rtol=1e-9, atol=1e-12)
+
+
+def test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_0(
+    run_cli, tiny
+):
+    done = run_cli("--nproc", 2, "--loss", NAN_GRADIENT, **{**tiny, **MARKED})
+    said = [line for line in done.stderr.splitlines() if "update skipped" in line]
+    assert len(said) == 1, done.stderr  # from rank 0 only
+    step = re.search(r"step (\d+): non-finite gradient \(norm nan\) behind a finite loss on "
+                     r"every rank; update skipped on every rank", said[0])  # fmt: skip
+    assert step, said
+    finished = re.search(r"done: step 12, val_loss (\S+)", done.stderr)
+    assert finished and math.isfinite(float(finished[1].rstrip(","))), done.stderr
+
+
+@pytest.mark.parametrize(
+    "loss, why",
+    [(NAN_GRADIENT, r"non-finite gradient \(norm nan\) behind a finite loss on every rank"),
+     (INFINITE_LOSS, r"non-finite loss on 1 of 2 rank\(s\)")],
+    ids=["nan-gradient", "inf-loss"],
+)  # fmt: skip
+def test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line(run_cli, tiny, loss, why):
+    done = run_cli("--nproc", 2, "--loss", loss, "--on-nonfinite", "stop", check=False,
+                   **{**tiny, **MARKED})  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    # The cause once (rank 0), then the launcher's account: every rank stopped, none hangs.
+    assert len(errors) == 2, done.stderr
+    assert re.fullmatch(rf"error: step \d+: {why}; stopping every rank \(on_nonfinite=stop\)",
+                        errors[0]), errors  # fmt: skip
+    assert "rank 0 exit code 1, rank 1 exit code 1" in errors[1], errors
