@@ -35,19 +35,26 @@ MODELS = {
     # GPT-2 at a size where one GPU's compute outlasts the host's work (its data fetched on
     # the main thread, num_workers=0): the regime where a host sync each step idles the device.
     "gpt2_wide": {"hidden_size": 768, "depth": 6},
+    # GPT-2 at a size users train on the CPU (issue 38: a step of 20 ms or more): 4 blocks
+    # 256 wide on 128-byte contexts, 8 sequences (~500 target tokens) a step.
+    "gpt2_cpu": {"hidden_size": 256, "depth": 4},
 }
 GLOBAL_BATCH = 256
 TRAIN_SIZE = 16384
 VAL_SIZE = 2048
 # The demo: 35 steady epochs of ~0.05 s (one process on this machine). At 12 (11 steady,
 # ~0.55 s in all, until 2026-11-25) one hiccup moved a run's throughput by several percent.
-EPOCHS = {"demo": 36, "large": 3, "gpt2": 3, "gpt2_wide": 2}
+EPOCHS = {"demo": 36, "large": 3, "gpt2": 3, "gpt2_wide": 2, "gpt2_cpu": 3}
 LR = 3e-3
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
 # The token jobs' data: 64-byte contexts, 16 sequences (~640 target tokens) per step (64 for
 # the wide one), 64 steps per epoch.
 GPT2 = {"input_dim": 64, "train_size": 1024, "val_size": 64, "global_batch": 16}
-TOKEN_JOBS = {"gpt2": GPT2, "gpt2_wide": {**GPT2, "train_size": 4096, "global_batch": 64}}
+TOKEN_JOBS = {
+    "gpt2": GPT2,
+    "gpt2_wide": {**GPT2, "train_size": 4096, "global_batch": 64},
+    "gpt2_cpu": {"input_dim": 128, "train_size": 256, "val_size": 32, "global_batch": 8},
+}
 # The GPT-2 job's model and data are examples/gpt2_bytes.py, imported from the repository root
 # (the baseline scripts run with this directory, not the root, first on sys.path).
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,8 +6,9 @@
 trainer_overhead.py compares whole runs, whose throughput on this shared 2-core machine moves
 by 20-30% from one run to the next: more than the overhead it looks for. Here each rank holds
 both loops at once, over the same job (overhead_job.py: model, data path, global batch, AdamW):
-refddp's ``Trainer.train_step`` (loader fetch, step flags riding DDP's all-reduce, the loss
-kept on the device, optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
+refddp's ``Trainer.train_step`` (loader fetch, the target count, the step's agreement
+all-reduce, the loss scale, the gradient norm and its host read, the loss kept on the device,
+optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
 model), in alternating blocks of ``--steps`` steps. Both loops see the same machine at nearly
 the same moment, so the median time per step of each, and their ratio, is steady to a few
 percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
@@ -17,7 +18,7 @@ not steps.
 copies pinned batches with ``non_blocking``, as plain_ddp_loop.py does, and each block is
 timed from a synchronised device to a synchronised device, so work a loop leaves queued is
 counted in its own block. ``--variant FLAGS``: a third loop, refddp's with FLAGS added
-(``--flags-read late``, say), its own Trainer in the same process, in the same rotation.
+(``--grad-clip 1``, say), its own Trainer in the same process, in the same rotation.
 """
 
 from __future__ import annotations

@@ -2,21 +2,22 @@
 and HF Accelerate (a peer), on the same job (overhead_job.py), at 1 and 2 gloo ranks (or, with
 ``--device cuda``, NCCL ranks of one GPU each).
 
-    python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large,gpt2] [--ranks 1,2]
+    python benchmarks/trainer_overhead.py [--repeats 5] [--models demo,large,gpt2,gpt2_cpu] [--ranks 1,2]
                                           [--log-to tensorboard] [--name NAME] [--device cuda]
 
 For each (model, ranks) the three run interleaved, in a rotating order, so drift in machine
 load hits all alike. Reported per run: steady-state training samples/s (refddp: from its
 history.jsonl; the baselines count their own) and wall time of the whole command (start-up,
 training, per-epoch evaluation and checkpoint); for gpt2 the throughput is target tokens/s
-(the "samples_per_s" keys then hold tokens). Goal (issues 13 and 21): refddp >= 0.97x the plain
-loop's throughput on every model at 1 and 2 ranks, and ahead of Accelerate.
+(the "samples_per_s" keys then hold tokens). Goal (issue 38): refddp >= 0.98x the plain loop's
+throughput where users train (gpt2_cpu: a step of 20 ms or more) at 1 and 2 ranks, and ahead
+of Accelerate; at the demo's 0.8 ms step, >= 0.90x.
 
 ``--log-to tensorboard`` (or ``wandb``, or both, comma-separated) adds a fourth runner,
 ``refddp+tracker``: the same refddp command with those trackers on (``--log-every`` at its
 default), interleaved with the three others, so the trackers' cost is measured against the
 same plain loop at the same moments. ``--variant FLAGS`` likewise adds ``refddp+variant``:
-refddp with FLAGS added (``--flags-read now``, say).
+refddp with FLAGS added (``--grad-clip 1``, say).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: one GPU per rank, NCCL (the baselines pin, copy non_blocking, fuse AdamW)")
     parser.add_argument("--variant", default="",
-                        help="also run refddp with these flags added (e.g. '--flags-read now')")
+                        help="also run refddp with these flags added (e.g. '--grad-clip 1')")
     args = parser.parse_args()
     runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ()) + ((VARIANT,) if args.variant else ())
     load_before = os.getloadavg()[0]

@@ -261,7 +261,7 @@ class TrainConfig:
     log_every: int = _opt(
         10,
         "steps between training-loss and learning-rate points sent to tensorboard/wandb (the "
-        "loss rides the step flags: no host sync); 0: evaluations only",
+        "loss rides the next step's agreement: no collective of its own); 0: evaluations only",
         resume=APPLIED,
         at_least=0,
     )

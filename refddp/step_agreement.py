@@ -118,11 +118,18 @@ class StepAgreement:
         sums = self._wait()
         if grad_norm is not None:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
-        targets, loss_sum, *flags = sums.tolist()
-        norm = flags.pop() if grad_norm is not None else math.nan
-        signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, flags, strict=True)
-                       if raised), 0)  # fmt: skip
-        return Agreed(targets, loss_sum, signum, norm)
+        values = sums.tolist()
+        norm = values.pop() if grad_norm is not None else math.nan
+        return decode(values)._replace(grad_norm=norm)
+
+
+def decode(sums: list[float]) -> Agreed:
+    """``[targets, loss sum, one flag per stop signal]`` summed over ranks, as ``Agreed``.
+    Where ranks received different signals, the first in ``StopRequest.SIGNALS`` wins."""
+    targets, loss_sum, *flags = sums
+    signum = next((int(s) for s, raised in zip(StopRequest.SIGNALS, flags, strict=True)
+                   if raised), 0)  # fmt: skip
+    return Agreed(targets, loss_sum, signum)
 
 
 def ranks_with_nonfinite_loss(step_loss: torch.Tensor, world_size: int) -> int:

@@ -26,7 +26,7 @@ class Window:
     start: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0  # carried over from before a resume
     samples: int = 0
-    targets: float = 0.0  # the global batches' targets, as the agreed flags counted them
+    targets: float = 0.0  # the global batches' targets, as the step agreements counted them
     steps: int = 0
     data_wait: float = 0.0
     # This rank's own time computing its share of the steps, this invocation only (what

@@ -232,6 +232,19 @@ def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     return {"fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups]}
 
 
+def fit_full_weights_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
+    """``fit_full_weights`` with ``fuses_on_cuda`` answering ``fuses``: the optimizer built
+    fused, as on a GPU."""
+    import refddp.trainer
+
+    real = refddp.trainer.fuses_on_cuda
+    refddp.trainer.fuses_on_cuda = lambda c, device: fuses
+    try:
+        return fit_full_weights(out, **overrides)
+    finally:
+        refddp.trainer.fuses_on_cuda = real
+
+
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
     """``fit_full_weights``, with SIGTERM sent to ``signalled_rank`` alone right after its
     step ``step`` (the other ranks learn of it at the next step's agreement)."""

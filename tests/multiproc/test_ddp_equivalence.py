@@ -200,7 +200,7 @@ def test_nonfinite_loss_is_skipped_on_every_rank_alike(spawn, tmp_path):
 
 
 def test_one_process_skips_the_same_nonfinite_steps_as_two_ranks(spawn, tmp_path):
-    # One process reads its own loss (no flags, nobody to agree with): same global batches,
+    # One process has nobody to agree with (its agreement is its own): same global batches,
     # so the same steps must be skipped and the same weights come out.
     job = dict(data="tests.user_code:exploding_datasets", epochs=1, global_batch_size=8)
     one = spawn(fit, str(tmp_path / "one"), world_size=1, **job)[0]

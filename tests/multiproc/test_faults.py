@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -242,7 +243,8 @@ def test_nonfinite_loss_with_stop_policy_exits_with_one_line(tmp_path, spawn, no
     assert done.returncode == 1
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 2  # the rank's message, then the launcher's summary
-    assert "non-finite loss at step" in errors[0] and "on_nonfinite=stop" in errors[0]
+    assert re.match(r"error: step \d+: non-finite loss on [12] of 2 rank\(s\); stopping every "
+                    r"rank \(on_nonfinite=stop\)$", errors[0]), errors
     history = tmp_path / "run" / "history.jsonl"
     assert not history.exists() or all(json.loads(ln) for ln in history.read_text().splitlines())
 

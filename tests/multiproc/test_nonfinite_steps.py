@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 
+from refddp.testing import RankFailure
 from tests.rank_tasks import fit
 
 MARKED = dict(data="tests.user_code:marked_datasets", epochs=1, global_batch_size=8)
@@ -20,12 +21,14 @@ NAN_GRADIENT = "tests.user_code:nan_gradient_loss"
 INFINITE_LOSS = "tests.user_code:infinite_loss_finite_gradient_loss"
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("loss", [NAN_GRADIENT, INFINITE_LOSS], ids=["nan-gradient", "inf-loss"])
 def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it(
-    spawn, tmp_path, loss
+    spawn, tmp_path, loss, strategy
 ):
+    # (FSDP: each rank holds a shard of the gradient; its norm is one all-reduce away.)
     one = spawn(fit, str(tmp_path / "one"), world_size=1, loss=loss, **MARKED)[0]
-    two = spawn(fit, str(tmp_path / "two"), world_size=2, loss=loss, **MARKED)
+    two = spawn(fit, str(tmp_path / "two"), world_size=2, loss=loss, strategy=strategy, **MARKED)
     assert [r["result"]["skipped_steps"] for r in [one, *two]] == [1, 1, 1]
     assert one["step"] == two[0]["step"] == 12, "the other steps train"
     assert math.isfinite(two[0]["result"]["metrics"]["val_loss"])
@@ -34,6 +37,19 @@ def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_s
         assert torch.equal(two[0]["weights"][key], two[1]["weights"][key]), key
         # The same global batches, the same step skipped: the weights of one process.
         torch.testing.assert_close(two[0]["weights"][key], value, rtol=1e-9, atol=1e-12)
+
+
+def test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks_losses_were(
+    spawn, tmp_path
+):
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), loss=INFINITE_LOSS, on_nonfinite="stop", **MARKED)
+    assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
+    said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
+            for text in info.value.failures.values()}  # fmt: skip
+    assert len(said) == 1, said  # the same step and cause on every rank
+    assert re.fullmatch(r"step \d+: non-finite loss on 1 of 2 rank\(s\); stopping every rank "
+                        r"\(on_nonfinite=stop\)", said.pop())  # fmt: skip
 
 
 def test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_0(

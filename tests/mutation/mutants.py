@@ -37,10 +37,11 @@ T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
 DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
 WATCHDOG = "refddp/watchdog.py"
-FLAGS, T_FLAGS = "refddp/step_flags.py", "tests/multiproc/test_step_flags.py"
+AGREEMENT, T_NONFINITE = "refddp/step_agreement.py", "tests/multiproc/test_nonfinite_steps.py"
+T_SCENARIOS = "tests/multiproc/test_step_scenarios.py"
+T_KERNELS = "tests/multiproc/test_optimizer_kernels.py"
 WINDOW, T_SEQ = "refddp/window.py", "tests/multiproc/test_sequence_workloads.py"
 T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objective_checks.py"
-T_LOCAL_FLAGS = "tests/unit/test_local_step_flags.py"
 SLURM, T_SLURM_ENV = "refddp/slurm.py", "tests/unit/test_slurm_environment.py"
 T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
 EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
@@ -92,36 +93,6 @@ MUTANTS = (
         (f"{T_TRAINER}::test_eval_counts_every_sample_once_at_any_world_size",),
     ),
     Mutant(
-        "loss-not-divided-by-accumulation", "loss normalisation under accumulation", TRAINER,
-        "self.loss_scale = ctx.world_size / self.global_batch",
-        "self.loss_scale = 1 / self.batch_size",
-        (f"{T_CLI}::test_world_size_and_accumulation_split_give_the_same_weights",),
-    ),
-    Mutant(
-        "normalised-per-micro-batch", "exact normalisation: the global batch's target count",
-        TRAINER,
-        "        targets = loss.count if targets is None else targets + loss.count\n",
-        "        targets = self.batch_size if targets is None else targets + self.batch_size\n"
-        "        loss = loss._replace(total=loss.total / loss.count * self.batch_size)\n",
-        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
-         "_split[cross_entropy]",),
-    ),
-    Mutant(
-        "normalised-per-rank", "exact normalisation: the global batch's target count", FLAGS,
-        "            update(read.targets)",
-        "            update(_decode(flags.tolist()).targets * self.parallel.ctx.world_size)",
-        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
-         "_split[cross_entropy]",),
-    ),
-    Mutant(
-        "gradient-not-rescaled-to-targets", "exact normalisation: the global batch's target count",
-        TRAINER,
-        "        if self.objective.exact and not per_sample:\n            self.rescale_gradients(targets)\n",
-        "",
-        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
-         "_global_batch",),
-    ),
-    Mutant(
         "reused-loader-keeps-epoch-0-sample-seeds", "exact resume (one loader for the run)",
         TRAINER, "            self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)\n",
         "",
@@ -133,14 +104,6 @@ MUTANTS = (
         "            self.loader.generator.manual_seed(loader_seed)  # the workers' seeds\n", "",
         (f"{T_MODELS}::test_resume_at_an_epoch_boundary_repeats_augmentation_drawn_from_the"
          "_workers_seeds",),
-    ),
-    Mutant(
-        "sync-every-micro-batch", "gradient sync only on the last micro-batch", TRAINER,
-        "with self.parallel.no_sync():", "with torch.enable_grad():",
-        (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
-         "_accumulation",
-         f"{T_PARALLEL}::test_the_trainer_under_fsdp_reduce_scatters_once_per_optimizer_step"
-         "_whatever_the_accumulation"),
     ),
     Mutant(
         "no-buffer-sync-before-eval", "buffer sync before eval", TRAINER,
@@ -221,60 +184,15 @@ MUTANTS = (
         (f"{T_SCHEDULE}::test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state",),
     ),
     Mutant(
-        "loss-scale-not-in-backward", "every rank backprops loss_sum x world / global batch",
-        TRAINER, "torch.full_like(total, self.loss_scale)", "torch.full_like(total, 1.0)",
-        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
-         "_global_batch",),
-    ),
-    Mutant(
-        "seed-reused-after-a-write", "backward starts from loss_scale whatever a backward wrote",
-        TRAINER, "if seed is None or seed._version or seed.shape", "if seed is None or seed.shape",
-        ("tests/unit/test_backward_seed.py::test_a_seed_written_into_by_a_backward_is_made_again",),
-    ),
-    Mutant(
-        "backward-skips-torch-function-dispatch", "a subclass's or mode's backward is dispatched",
-        PARALLEL, "        or has_torch_function(roots + grads)\n", "",
-        ("tests/unit/test_backward_seed.py::test_run_backward_gives_what_tensor_backward_gives_and"
-         "_leaves_dispatch_to_torch",),
-    ),
-    Mutant(
-        "backward-inside-functorch-transforms", "a functorch transform still gets torch's refusal",
-        PARALLEL, "        or torch._C._are_functorch_transforms_active()\n", "",
-        ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
-         "_transforms_to_torch",),
-    ),
-    Mutant(
-        "backward-keeps-the-graph", "the step's backward frees its graph, as torch's does",
-        PARALLEL, "_engine_run_backward(roots, grads, False, False,",
-        "_engine_run_backward(roots, grads, True, False,",
-        ("tests/unit/test_backward_seed.py::test_run_backward_frees_the_graph_and_leaves_functorch"
-         "_transforms_to_torch",),
-    ),
-    Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
         "return batch if batch.device == device else batch.to(device, non_blocking=True)",
         "return batch",
         ("tests/unit/test_objectives.py::test_nested_batches_move_to_the_device_whole",),
     ),
     Mutant(
-        "host-window-keeps-the-last-loss", "the train loss is the mean over every target",
-        WINDOW, "            self.loss_sum += float(total)", "            self.loss_sum = float(total)",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
-    ),
-    Mutant(
         "scaler-not-restored", "scaler restore", RUN_STATE,
         'parts.scaler.load_state_dict(state["scaler_state_dict"])', "pass",
         (f"{T_TRAINER}::test_fp16_scaler_state_survives_checkpoint_and_resume",),
-    ),
-    Mutant(
-        "clip-scaled-gradient", "unscale before clipping", TRAINER,
-        "self.scaler.unscale_(self.optimizer)  # clip the true gradient", "pass",
-        (f"{T_TRAINER}::test_gradient_clipping_bounds_the_true_gradient_under_amp",),
-    ),
-    Mutant(
-        "ranks-decide-alone", "the per-step agreement (non-finite loss, stop)", FLAGS,
-        "return _decode(self.parallel.agree(flags).tolist())", "return _decode(flags.tolist())",
-        (f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike",),
     ),
     Mutant(
         "no-dataset-size-check", "ranks with different data fail clearly", TRAINER,
@@ -371,86 +289,6 @@ MUTANTS = (
         (f"{T_HARNESS}::test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing",),
     ),
     Mutant(
-        "flags-not-carried", "the per-step agreement costs no extra collective (DDP)", PARALLEL,
-        "if state.local is None or bucket.index() != 0:", "if True:",
-        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-comm-hook]",),
-    ),
-    Mutant(
-        "carried-flags-agreed-apart", "the per-step agreement costs no extra collective (DDP)",
-        PARALLEL, "if self._flags.agreed is not None and self._flags.sent is flags:", "if False:",
-        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
-    ),
-    Mutant(
-        "carried-flags-left-averaged", "the carried flags are summed over ranks", PARALLEL,
-        "self._flags.agreed = carrier.grad * self.ctx.world_size",
-        "self._flags.agreed = carrier.grad.clone()",
-        (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
-    ),
-    Mutant(
-        "carrier-adds-to-the-last-flags", "each step's carried flags are that step's alone",
-        PARALLEL, "        carrier.grad = None  # the last step's agreed flags: not to be added to\n",
-        "", (f"{T_PARALLEL}::test_ddp_step_flags_ride_the_gradient_all_reduce[2-carrier]",),
-    ),
-    Mutant(
-        "carrier-forgets-the-ignore-list", "a model's DDP ignore list holds through the carrier",
-        PARALLEL,
-        'self._ddp_params_and_buffers_to_ignore = [f"model.{name}" for name in ignored]',
-        "pass",
-        ("tests/unit/test_flag_carrier.py::test_the_models_ddp_ignore_list_names_the_same"
-         "_parameters_through_the_carrier",),
-    ),
-    Mutant(
-        "carrier-dtype-of-a-frozen-parameter", "the flags share the gradients' bucket", PARALLEL,
-        "if p.requires_grad and p.is_floating_point()), None)", "if p.is_floating_point()), None)",
-        ("tests/unit/test_flag_carrier.py::test_the_carrier_takes_the_trainable_parameters_dtype"
-         "_or_float32_for_half_precision",),
-    ),
-    Mutant(
-        "carrier-float32-at-any-world-size", "the global target count is exact at any world size",
-        PARALLEL, "    return torch.float32 if exact_in_float32 else torch.float64\n",
-        "    return torch.float32\n",
-        ("tests/unit/test_flag_carrier.py::test_past_float32s_exact_world_sizes_the_carrier_is"
-         "_float64_and_exact",),
-    ),
-    Mutant(
-        "carrier-float32-past-44-ranks", "the global target count is exact at any world size",
-        PARALLEL, "world_size <= 44 or", "world_size <= 96 or",
-        ("tests/unit/test_flag_carrier.py::test_past_float32s_exact_world_sizes_the_carrier_is"
-         "_float64_and_exact",),
-    ),
-    Mutant(
-        "carrier-lets-a-frozen-model-through", "a model with nothing to train is refused",
-        PARALLEL, "        if not any(p.requires_grad for name, p in model.named_parameters() "
-        "if name not in ignored):\n", "        if False:\n",
-        ("tests/unit/test_flag_carrier.py::test_a_model_with_nothing_to_train_is_refused_as_ddp"
-         "_refuses_it",),
-    ),
-    Mutant(
-        "agreed-counts-left-unrounded", "the global target count is exact at any world size",
-        FLAGS, "    high, low = round(high), round(low)\n", "",
-        (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),
-    ),
-    Mutant(
-        "agreed-counts-left-unrounded-on-the-device",
-        "the global target count is exact at any world size", FLAGS,
-        "high, low = agreed[1:3].double().round()", "high, low = agreed[1:3].double()",
-        (f"{T_LOCAL_FLAGS}::test_counts_agreed_as_a_mean_times_the_world_size_come_back_exact",),
-    ),
-    Mutant(
-        "compute-timed-at-the-backwards-start", "a rank's compute includes its backward",
-        PARALLEL, "torch.autograd.Variable._execution_engine.queue_callback(self.computed)",
-        "self.computed()",
-        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[1-backward]",),
-    ),
-    Mutant(
-        "compute-timed-to-the-all-reduces-end", "a rank's compute excludes waiting for others",
-        PARALLEL,
-        "            self._carrier.register_post_accumulate_grad_hook(self._flags.carried)\n", "",
-        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[0-forward]",),
-    ),
-    Mutant(
         "fsdp-syncs-every-micro-batch", "FSDP accumulation without gradient sync", PARALLEL,
         "    model.set_requires_gradient_sync(False)", "    model.set_requires_gradient_sync(True)",
         (f"{T_PARALLEL}::test_fsdp_accumulation_skips_the_gradient_reduce_scatter",),
@@ -536,14 +374,6 @@ MUTANTS = (
          "_eval_shard",),
     ),
     Mutant(
-        "fsdp-ranks-decide-alone", "every FSDP rank stops at the same step", PARALLEL,
-        "    def agree(self, flags: torch.Tensor) -> torch.Tensor:\n"
-        "        return _all_reduce_sum(flags)",
-        "    def agree(self, flags: torch.Tensor) -> torch.Tensor:\n        return flags",
-        (f"{T_FSDP}::test_sigterm_to_one_fsdp_rank_stops_every_rank_at_the_same_step_and"
-         "_resumes_exactly",),
-    ),
-    Mutant(
         "fsdp-compile-ignored", "--compile compiles under FSDP", PARALLEL,
         "                _compile_forward(block, index)", "                pass",
         (f"{T_FSDP}::test_torch_compile_trains_like_eager[fsdp]",),
@@ -591,50 +421,11 @@ MUTANTS = (
          "_checkpoint_is_refused[loss]",),
     ),
     Mutant(
-        "one-process-ignores-nonfinite", "skip-or-stop on a non-finite loss (one process)",
-        FLAGS, "Agreed(not math.isfinite(loss_sum), self.stop.signal or 0,",
-        "Agreed(False, self.stop.signal or 0,",
-        (f"{T_DDP}::test_one_process_skips_the_same_nonfinite_steps_as_two_ranks",),
-    ),
-    Mutant(
-        "one-process-late-ignores-nonfinite", "a late skip on a non-finite loss (one process)",
-        PARALLEL, "        if self.ctx.world_size == 1:\n            return flags\n",
-        "        if self.ctx.world_size == 1:\n"
-        "            return torch.cat([torch.zeros_like(flags[:1]), flags[1:]])\n",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
-    ),
-    Mutant(
-        "one-process-ignores-its-stop", "one process reading now stops on its own signal",
-        FLAGS, "Agreed(not math.isfinite(loss_sum), self.stop.signal or 0,",
-        "Agreed(not math.isfinite(loss_sum), 0,",
-        (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
-         "_reads_its_own_stop",),
-    ),
-    Mutant(
         "ignored-targets-counted-on-the-host", "exact normalisation: -100 targets count nothing",
         DATA, "self.every_target_scored = not bool((y == IGNORE_INDEX).any())",
         "self.every_target_scored = True",
         ("tests/unit/test_objectives.py::test_built_in_data_without_ignored_targets_counts_them"
          "_on_the_host_and_with_them_on_the_device",),
-    ),
-    Mutant(
-        "one-gpu-reads-its-flags-after-the-backward", "one GPU reading now waits for its "
-        "forward only", FLAGS, "            if self._early is not None:  # copied when sent\n",
-        "            if False:\n",
-        (f"{T_LOCAL_FLAGS}::test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends"
-         "_them",),
-    ),
-    Mutant(
-        "one-gpu-count-not-copied", "one GPU reading now waits for its forward only", FLAGS,
-        "            count.copy_(targets.reshape(()), non_blocking=True)\n", "            pass\n",
-        (f"{T_LOCAL_FLAGS}::test_one_gpu_reading_now_copies_its_flags_to_the_host_when_it_sends"
-         "_them",),
-    ),
-    Mutant(
-        "one-process-count-in-float32", "one process's target count is exact", FLAGS,
-        "targets = float(count)", "targets = float(torch.as_tensor(count).float())",
-        (f"{T_LOCAL_FLAGS}::test_one_process_reading_now_sends_its_loss_and_exact_count_and"
-         "_reads_its_own_stop",),
     ),
     Mutant(
         "watchdog-deadline-stays", "hang watchdog: no firing while progress is made", WATCHDOG,
@@ -702,80 +493,6 @@ MUTANTS = (
         (f"{T_FSDP}::test_a_save_before_the_first_applied_step_changes_nothing[full]",),
     ),
     Mutant(
-        "late-skip-not-on-device", "flags_read=late: a non-finite step is skipped", FLAGS,
-        "optimizer.found_inf = torch.isnan(agreed[0]).float()",
-        "optimizer.found_inf = torch.zeros_like(agreed[0])",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
-    ),
-    Mutant(
-        "late-loss-count-kept", "flags_read=late: the train loss leaves out skipped steps",
-        WINDOW, "            self.loss_targets += applied * targets",
-        "            self.loss_targets += targets",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
-    ),
-    Mutant(
-        "late-flags-unread-at-an-evaluation", "flags_read=late: the train loss, the stop step",
-        TRAINER, "            signum = self.settle() or signum", "            pass",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[1]",),
-    ),
-    Mutant(
-        "late-signal-dropped", "flags_read=late: every rank stops a step later", FLAGS,
-        "            return Verdict(applied, read_step, read)",
-        "            return Verdict(applied, read_step, read and read._replace(signal=0))",
-        (f"{T_FLAGS}::test_a_stop_signal_read_late_stops_every_rank_a_step_later_and_resumes"
-         "_exactly[ddp]",),
-    ),
-    Mutant(
-        "late-flags-name-the-wrong-step", "flags_read=late: the non-finite step is named", FLAGS,
-        "            self.defer(step, agreed)", "            self.defer(step - 1, agreed)",
-        (f"{T_FLAGS}::test_late_flags_stop_every_rank_on_a_nonfinite_loss_naming_the_same_step",),
-    ),
-    Mutant(
-        "late-before-optimizer-state", "flags_read=late: a skipped first step changes nothing",
-        FLAGS, "return bool(optimizer.state) or stateless", "return True",
-        (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[1]",
-         f"{T_FLAGS}::test_a_first_step_skipped_before_the_optimizer_has_state_is_read_now"),
-    ),
-    Mutant(
-        "late-ranks-decide-alone", "flags_read=late: every rank skips alike", FLAGS,
-        "        agreed = self.parallel.agree(flags)\n        optimizer.found_inf",
-        "        agreed = flags\n        optimizer.found_inf",
-        (f"{T_FLAGS}::test_late_flags_skip_the_same_steps_as_now_on_the_device[2]",),
-    ),
-    Mutant(
-        "late-never-for-a-stateless-optimizer", "flags_read=late: no host sync per step", FLAGS,
-        "        stateless = isinstance(optimizer, torch.optim.SGD) and not any(",
-        "        stateless = False and not any(",
-        (f"{T_FLAGS}::test_a_late_step_reads_nothing_but_the_previous_steps_flags[2-sgd]",),
-    ),
-    Mutant(
-        "auto-reads-now-on-cuda", "flags_read auto: no host sync per step on CUDA", FLAGS,
-        '    return several and c.amp != "fp16" and fuses_on_cuda(c, device)',
-        "    return False",
-        ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
-    ),
-    Mutant(
-        "one-gpu-reads-late", "flags_read auto: one process on one GPU reads now", FLAGS,
-        "    several = world_size > 1\n", "    several = True\n",
-        ("tests/unit/test_config.py::test_flags_read_auto_reads_late_where_a_host_sync_costs",),
-    ),
-    Mutant(
-        "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
-        FLAGS, "    no_kernel = not has_fused_kernel(c)\n", "    no_kernel = False\n",
-        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
-    ),
-    Mutant(
-        "fused-sgd-under-fp16", "fp16's skipped first step never leaves SGD's momentum unset",
-        FLAGS, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
-        "    skips_unsafely = False\n",
-        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
-    ),
-    Mutant(
-        "cuda-reading-now-unfused", "on CUDA the optimizer is fused, read now or late", TRAINER,
-        "        fused = late or fuses_on_cuda(c, self.device)", "        fused = late",
-        (f"{T_FLAGS}::test_the_trainer_fuses_its_optimizer_reading_now_where_cuda_has_the_kernel",),
-    ),
-    Mutant(
         "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",
         "refddp/train.py", "    c = dataclasses.replace(c, **taken)\n", "",
         ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
@@ -825,13 +542,6 @@ MUTANTS = (
          "_group",),
     ),
     Mutant(
-        "resume-takes-the-saved-kernels", "a run resumes across flags_read", RUN_STATE,
-        "    _keep_kernels(state[\"optimizer_state_dict\"][\"param_groups\"], parts.optimizer)\n",
-        "",
-        (f"{T_FLAGS}::test_a_run_resumes_across_flags_read_with_this_invocations_kernels"
-         "[ddp-full]",),
-    ),
-    Mutant(
         "a-late-import-closes-a-cycle", "no refddp module imports another back", CKPT_FULL,
         '    """The plain file\'s dict is the full checkpoint already."""\n',
         '    """The plain file\'s dict is the full checkpoint already."""\n'
@@ -852,22 +562,6 @@ MUTANTS = (
         "if text.count(mutant.original) != 1:", "if mutant.original not in text:",
         ("tests/unit/test_mutants.py::test_a_snippet_found_twice_or_nowhere_makes_a_mutant_not"
          "_applicable",),
-    ),
-    Mutant(
-        "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
-        FLAGS, "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
-        "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
-        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
-         "_signals_wins",
-         "tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
-         "_checkpoint_exit_138"),
-    ),
-    Mutant(
-        "ranks-name-different-stop-signals", "every rank stops for the same signal", FLAGS,
-        "                   if raised), 0)",
-        "                   if raised), 0) if not signals[0] else int(StopRequest.SIGNALS[-1])",
-        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
-         "_signals_wins",),
     ),
     Mutant(
         "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
@@ -1103,74 +797,10 @@ MUTANTS = (
          f"{T_TRACKERS}::test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint"),
     ),
     Mutant(
-        "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
-        TRAINER,
-        "        self.trackers.flush()  # what they logged up to here survives a kill: resume "
-        "goes on\n",
-        "",
-        # The counting test first (seconds): one flush per checkpoint, before it is written;
-        # the killed run then loses the steps TensorBoard still held at its checkpoint.
-        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",
-         f"{T_TRACKERS}::test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint"),
-    ),
-    Mutant(
-        "step-loss-read-from-the-device", "the trackers' loss costs no host sync", TRAINER,
-        'self.trackers.log(step, {"train/loss": agreed.loss,',
-        'self.trackers.log(step, {"train/loss": self.window.loss_sum.item(),',
-        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
-    ),
-    Mutant(
-        "step-loss-logged-every-step", "the loss every --log-every steps", TRAINER,
-        "if self.log_every and step % self.log_every == 0:", "if self.log_every:",
-        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_step_flags[late]",),
-    ),
-    Mutant(
-        "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", FLAGS,
-        "return torch.cat([nonfinite, parts, stop, loss.float()])",
-        "return torch.cat([nonfinite, parts, stop, loss.float() * self.parallel.ctx.world_size "
-        "* (self.parallel.ctx.rank == 0)])",
-        (f"{T_LOCAL_FLAGS}::test_the_summed_flags_carry_the_global_loss_sum_and_count[device]",),
-    ),
-    Mutant(
-        "host-step-loss-is-rank-0s-own", "the trackers' loss is the global mean", FLAGS,
-        "*self._signal_floats[self.stop.signal], loss_sum],",
-        "*self._signal_floats[self.stop.signal], loss_sum * self.parallel.ctx.world_size "
-        "* (self.parallel.ctx.rank == 0)],",
-        (f"{T_LOCAL_FLAGS}::test_the_summed_flags_carry_the_global_loss_sum_and_count[host]",
-         f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves"),
-    ),
-    Mutant(
-        "host-flags-ignore-nonfinite", "the per-step agreement (non-finite loss, stop)", FLAGS,
-        "[0.0 if math.isfinite(loss_sum) else math.nan,", "[0.0,",
-        (f"{T_LOCAL_FLAGS}::test_a_large_finite_float64_loss_is_not_flagged_non_finite[host]",
-         f"{T_DDP}::test_nonfinite_loss_is_skipped_on_every_rank_alike"),
-    ),
-    Mutant(
-        "host-flags-count-in-one-float32", "exact normalisation: the global batch's target count",
-        FLAGS, "count // COUNT_PART, count % COUNT_PART,", "0, count,",
-        (f"{T_LOCAL_FLAGS}::test_the_target_count_is_summed_over_ranks_exactly_beyond_float32"
-         "_integers[host]",),
-    ),
-    Mutant(
-        "host-flags-drop-the-stop-signal", "every rank stops for the same signal", FLAGS,
-        "*self._signal_floats[self.stop.signal], loss_sum],", "*self._signal_floats[None], loss_sum],",
-        (f"{T_LOCAL_FLAGS}::test_each_stop_signal_is_read_back_as_itself_and_the_first_in"
-         "_signals_wins[host]",),
-    ),
-    Mutant(
         "straggler-times-in-rank-0s-slot", "history names the slowest rank", STRAGGLERS,
         "vector[rank], vector[world + rank] = ", "vector[0], vector[world] = ",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
          "[1-forward]",),
-    ),
-    Mutant(
-        "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
-        TRAINER,
-        "return (ready if ready is not None and ready > started else time.perf_counter()) - "
-        "started",
-        "return time.perf_counter() - started",
-        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[0-forward]",),
     ),
     Mutant(
         "straggler-warned-at-the-first-slow-evaluation", "a persistent straggler is warned of",
@@ -1187,5 +817,196 @@ MUTANTS = (
         "profile-stops-a-step-late", "--profile traces exactly its steps", PROFILER,
         "        if step >= self.end:\n", "        if step > self.end:\n",
         (f"{T_PROFILER}::test_each_rank_writes_a_chrome_trace_of_the_profiled_steps",),
+    ),
+    # The step (refddp/trainer.py, refddp/step_agreement.py): exact normalisation by a count
+    # agreed before the backward, the skip decided from the all-reduced gradient's norm.
+    Mutant(
+        "count-of-one-micro-batch", "exact normalisation over every micro-batch", TRAINER,
+        "targets = sum(self.objective.count(batch) for batch in micro_batches)",
+        "targets = self.objective.count(micro_batches[0]) * len(micro_batches)",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
+         "_split[cross_entropy]",),
+    ),
+    Mutant(
+        "count-not-agreed", "exact normalisation over every rank's targets", AGREEMENT,
+        "self._work = dist.all_reduce(sums, async_op=True)",
+        "self._work = dist.all_reduce(sums[1:], async_op=True)",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
+         "_split[cross_entropy]",),
+    ),
+    Mutant(
+        "token-count-taken-as-samples", "exact normalisation by targets, not samples", TRAINER,
+        "        if self.objective.counts_samples:", "        if True:",
+        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
+         "_global_batch",),
+    ),
+    Mutant(
+        "loss-not-scaled", "the gradient is the mean over the global batch", TRAINER,
+        "scaled = loss.total * self.loss_scale(loss.total)", "scaled = loss.total",
+        (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
+         "_global_batch",),
+    ),
+    Mutant(
+        "sync-every-micro-batch", "one gradient all-reduce per optimizer step", TRAINER,
+        "with contextlib.nullcontext() if last else self.parallel.no_sync():",
+        "with contextlib.nullcontext():",
+        (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
+         "_accumulation[3]",),
+    ),
+    Mutant(
+        "clip-scaled-gradient", "unscale before clipping", TRAINER,
+        "self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient",
+        "pass",
+        (f"{T_TRAINER}::test_gradient_clipping_bounds_the_true_gradient_under_amp",),
+    ),
+    Mutant(
+        "nonfinite-loss-not-poisoning-the-gradient", "a non-finite loss is skipped on every rank",
+        TRAINER, "return torch.where(torch.isfinite(micro_loss.detach()), scale, torch.nan)",
+        "return scale",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
+         "_process_skips_it[inf-loss-ddp]",),
+    ),
+    Mutant(
+        "nonfinite-gradient-applied", "nothing non-finite reaches the weights", TRAINER,
+        "        elif finite:\n            self.optimizer.step()",
+        "        else:\n            self.optimizer.step()",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
+         "_process_skips_it[nan-gradient-ddp]",),
+    ),
+    Mutant(
+        "nonfinite-step-not-counted", "a skipped step is counted and said", TRAINER,
+        "return finite or self.nonfinite_step(step, step_loss, norm)", "return True",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
+         "_process_skips_it[nan-gradient-ddp]",),
+    ),
+    Mutant(
+        "on-nonfinite-stop-ignored", "on_nonfinite=stop stops every rank", TRAINER,
+        '        if self.c.on_nonfinite == "stop":', "        if False:",
+        (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
+         "_losses_were",),
+    ),
+    Mutant(
+        "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",
+        AGREEMENT, "        dist.all_reduce(flag)\n", "",
+        (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
+         "_losses_were",),
+    ),
+    Mutant(
+        "fp16-overflow-counted-as-nonfinite", "GradScaler handles fp16 overflows", TRAINER,
+        "        if self.scaling and not bad:", "        if False:",
+        (f"{T_DDP}::test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike",),
+    ),
+    Mutant(
+        "stop-signal-not-agreed", "a stop signal stops every rank at the same step", AGREEMENT,
+        "        return decode(values)._replace(grad_norm=norm)",
+        "        return decode(values)._replace(grad_norm=norm, signal=self.stop.signal or 0)",
+        (f"{T_SCENARIOS}::test_a_signal_on_one_rank_mid_epoch_stops_every_rank_at_the_next"
+         "_step[3]",),
+    ),
+    Mutant(
+        "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
+        AGREEMENT, "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
+        "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
+        ("tests/unit/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
+         "_the_first_in_signals_wins",
+         "tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
+         "_checkpoint_exit_138"),
+    ),
+    Mutant(
+        "ranks-name-different-stop-signals", "every rank names the same stop signal", AGREEMENT,
+        "                   if raised), 0)  # fmt: skip",
+        "                   if raised), 0) if not flags[0] else int(StopRequest.SIGNALS[-1])",
+        ("tests/unit/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
+         "_the_first_in_signals_wins",),
+    ),
+    Mutant(
+        "count-in-float32", "the target count is exact past 2**24", AGREEMENT,
+        "count = targets.reshape(1).to(torch.float64)",
+        "count = targets.reshape(1).to(torch.float32).double()",
+        ("tests/unit/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
+         "_exact",),
+    ),
+    Mutant(
+        "no-settle-before-an-evaluation", "the last step's loss and a late stop are agreed",
+        TRAINER, "            signum = self.settle() or signum", "            pass",
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
+         "_agreement[4]",),
+    ),
+    Mutant(
+        "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", TRAINER,
+        "        self.log_step(agreed.previous_loss_sum)\n        self.unagreed = (step,",
+        "        self.log_step(float(self.unagreed_loss or 0) * self.ctx.world_size)\n"
+        "        self.unagreed = (step,",
+        (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
+    ),
+    Mutant(
+        "step-loss-logged-every-step", "the loss every --log-every steps", TRAINER,
+        "if self.log_every and step % self.log_every == 0:", "if self.log_every:",
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
+         "_agreement[3]",),
+    ),
+    Mutant(
+        "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
+        TRAINER,
+        "        self.trackers.flush()  # what they logged up to here survives a kill: resume "
+        "goes on\n",
+        "",
+        # The counting test first (seconds): one flush per checkpoint, before it is written;
+        # the killed run then loses the steps TensorBoard still held at its checkpoint.
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
+         "_agreement[3]",
+         f"{T_TRACKERS}::test_a_killed_rank_0_loses_no_point_logged_before_its_last_checkpoint"),
+    ),
+    Mutant(
+        "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
+        TRAINER, "if not (last and self.ctx.world_size > 1):  # not the wait for slower ranks",
+        "if True:",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[0-forward-1]",),
+    ),
+    Mutant(
+        "straggler-backward-not-timed", "a rank slow in its backward is named", TRAINER,
+        "                    window.compute += time.perf_counter() - started\n            detached",
+        "                    pass\n            detached",
+        (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
+         "[1-backward-2]",),
+    ),
+    Mutant(
+        "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
+        TRAINER, 'return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely',
+        'return device.type == "cuda" and not skips_unsafely',
+        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+    ),
+    Mutant(
+        "fused-sgd-under-fp16", "fp16's skipped first step never leaves SGD's momentum unset",
+        TRAINER, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
+        "    skips_unsafely = False\n",
+        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+    ),
+    Mutant(
+        "cuda-optimizer-unfused", "on CUDA the optimizer is fused", TRAINER,
+        "        fused = fuses_on_cuda(c, self.device)\n", "        fused = False\n",
+        (f"{T_KERNELS}::test_the_trainer_fuses_its_optimizer_where_cuda_has_the_kernel[True]",),
+    ),
+    Mutant(
+        "resume-takes-the-saved-kernels", "a resumed run keeps its own optimizer kernels",
+        RUN_STATE,
+        "    _keep_kernels(state[\"optimizer_state_dict\"][\"param_groups\"], parts.optimizer)\n",
+        "",
+        (f"{T_KERNELS}::test_a_run_resumes_with_this_invocations_optimizer_kernels[ddp-full]",),
+    ),
+    Mutant(
+        "user-loss-count-unchecked", "a user loss's count is the one counted before its forward",
+        "refddp/objectives/user_loss.py", "            if returned != counted:",
+        "            if False:",
+        ("tests/unit/test_objectives.py::test_a_user_losss_count_must_be_the_one_counted_before"
+         "_the_forward",),
+    ),
+    Mutant(
+        "no-norm-before-torch-2-6", "the skip's norm without get_total_norm", PARALLEL,
+        "return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))",
+        "return torch.stack([torch.linalg.vector_norm(g) for g in grads]).sum()",
+        ("tests/unit/test_total_norm.py::test_the_total_norm_is_clippings_with_or_without"
+         "_get_total_norm",),
     ),
 )

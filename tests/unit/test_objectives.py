@@ -134,6 +134,33 @@ def test_a_user_loss_is_exact_only_when_it_returns_a_sum_and_a_count():
         switching.loss(model(batch["input_ids"]), batch)
 
 
+def _loss_per_position(outputs, batch):
+    """(loss_sum, count) with every position counted, padding too: not refddp's count."""
+    labels = batch["labels"]
+    total = F.cross_entropy(outputs.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                            reduction="sum")  # fmt: skip
+    return total, labels.numel()
+
+
+def test_a_user_losss_count_must_be_the_one_counted_before_the_forward():
+    # refddp counts each batch before its forward (labels other than -100), or by the loss's
+    # own count(batch); a loss dividing by another count is refused on the first batch, in one
+    # line, rather than silently normalised by a different count.
+    c = config(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences")
+    batch, model = first_batch(c), sequence_code.tiny_lm(c)
+    spec = "tests.unit.test_objectives:_loss_per_position"
+    with pytest.raises(ConfigError, match=r"^loss: .*:_loss_per_position returned a count of 60 "
+                       r"for the first batch, but its targets other than -100 number \d+; .* give "
+                       r"_loss_per_position a count\(batch\) attribute"):  # fmt: skip
+        checked(UserLoss(spec, _loss_per_position), model, batch)
+    _loss_per_position.count = lambda batch: batch["labels"].numel()
+    try:
+        objective = checked(UserLoss(spec, _loss_per_position), model, batch)
+        assert objective.exact and objective.count(batch) == 60
+    finally:
+        del _loss_per_position.count
+
+
 def test_user_metrics_must_be_numbers_summed_over_the_batch():
     metrics = UserMetrics("m", lambda outputs, batch: {"top1": [1, 2, 3]})
     with pytest.raises(ConfigError, match="metrics: m returned list of 3 for 'top1'"):
