@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from refddp.config import TrainConfig
@@ -39,6 +40,7 @@ class Parallel:
 
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
+        self.parameters = list(model.parameters())  # (grad_norm's, listed once)
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
             self.module: nn.Module = torch.compile(model) if c.compile else model
@@ -60,16 +62,18 @@ class Parallel:
         return self.wrapped.no_sync()  # type: ignore[operator]
 
     def grad_norm(self, max_norm: float = 0.0) -> torch.Tensor:
-        """The total (2-)norm of the model's gradients, clipped to ``max_norm`` when it is set
-        (the norm before clipping is returned, as ``clip_grad_norm_`` does). After the
-        gradient all-reduce every rank holds the same gradients, so every rank gets the same
-        norm: a decision taken from it needs no collective."""
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        """The total (2-)norm of the model's gradients, before clipping them to ``max_norm``
+        when it is set (as ``clip_grad_norm_`` returns it). After the gradient all-reduce every
+        rank holds the same gradients, so every rank gets the same norm: a decision taken
+        from it needs no collective. Under FSDP each rank holds a shard of each gradient: the
+        norm is then one all-reduce of the shards' norms, made once for both uses."""
+        parameters = [p for p in self.parameters if p.grad is not None]
+        norm = total_norm([p.grad for p in parameters])
+        if isinstance(norm, DTensor):  # the shards' partial norms, reduced to the whole
+            norm = norm.redistribute(placements=[Replicate()] * norm.device_mesh.ndim)
         if max_norm:
-            norm = nn.utils.clip_grad_norm_(parameters, max_norm)
-        else:
-            norm = total_norm([p.grad for p in parameters])
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            clip_to_norm(parameters, max_norm, norm)
+        return norm.to_local() if isinstance(norm, DTensor) else norm
 
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
@@ -90,6 +94,17 @@ class Parallel:
     def local_numel(self) -> int:
         """Parameter elements this rank stores."""
         return sum(p.numel() for p in self.model.parameters())
+
+
+def clip_to_norm(parameters: list[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
+    """Scale the gradients of ``parameters``, whose total norm is ``norm``, down to
+    ``max_norm`` (``nn.utils.clip_grads_with_norm_``, torch >= 2.6; before, clipping computes
+    the norm again)."""
+    clip_grads_with_norm_ = getattr(nn.utils, "clip_grads_with_norm_", None)
+    if clip_grads_with_norm_ is not None:
+        clip_grads_with_norm_(parameters, max_norm, norm)
+    else:
+        nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -131,6 +146,7 @@ class FullyShardedParallel(Parallel):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.wrapped = self.module = model
+        self.parameters = list(model.parameters())  # the sharded ones
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(self.model)

@@ -74,10 +74,13 @@ class Agreed(NamedTuple):
 
 class StepAgreement:
     """One rank's side of the per-step all-reduce: ``send`` starts it, ``targets`` waits for
-    the count (on the device), ``read`` waits and reads it all on the host."""
+    the count (on the device), ``read`` waits and reads it all on the host.
+
+    One process has nobody to agree with: it keeps what it was sent as it is, builds no
+    tensor, and reads the norm (and a loss to log) as they are."""
 
     def __init__(self, stop: StopRequest, device: torch.device, world_size: int):
-        self.stop, self.device, self.world_size = stop, device, world_size
+        self.stop, self.device, self.several = stop, device, world_size > 1
         # One flag per stop signal, set for the one received: made once per state, in float64
         # like the counts (exact up to 2**53 targets a step).
         self._signal_flags = {
@@ -88,17 +91,20 @@ class StepAgreement:
         self._zero = torch.zeros(1, dtype=torch.float64, device=device)
         self._sums: torch.Tensor | None = None
         self._work: Any = None
+        self._sent: tuple[int, torch.Tensor | None] = (0, None)  # one process's
 
-    def send(self, targets: torch.Tensor | int, previous_loss: torch.Tensor | None) -> None:
-        """Start summing this rank's ``targets`` (this step's), ``previous_loss`` (the loss sum
-        of the step before, not yet agreed; None if already) and its stop flags over ranks."""
-        if isinstance(targets, torch.Tensor):
-            count = targets.reshape(1).to(torch.float64)
-        else:  # a fill on the device, not a copy from the host (which would wait for it)
-            count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
+    def send(self, targets: int, previous_loss: torch.Tensor | None) -> None:
+        """Start summing this rank's ``targets`` (this step's, counted on the host),
+        ``previous_loss`` (the loss sum of the step before, to log; None if none) and its
+        stop flags over ranks."""
+        self._sent = (targets, previous_loss)
+        if not self.several:
+            return
+        # A fill on the device, not a copy from the host (which would wait for the device).
+        count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
         loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
         sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])
-        self._work = dist.all_reduce(sums, async_op=True) if self.world_size > 1 else None
+        self._work = dist.all_reduce(sums, async_op=True)
         self._sums = sums
 
     def _wait(self) -> torch.Tensor:
@@ -110,11 +116,18 @@ class StepAgreement:
 
     def targets(self) -> torch.Tensor:
         """The global target count of the step sent, on the device (float64)."""
+        if not self.several:
+            return torch.full((), float(self._sent[0]), dtype=torch.float64, device=self.device)
         return self._wait()[0]
 
     def read(self, grad_norm: torch.Tensor | None = None) -> Agreed:
         """Everything sent, summed over ranks, on the host; with ``grad_norm`` (this rank's
         value, the same on every rank) in the same read: one host read a step."""
+        if not self.several:
+            targets, loss = self._sent
+            norm = math.nan if grad_norm is None else float(grad_norm)
+            return Agreed(float(targets), 0.0 if loss is None else float(loss),
+                          self.stop.signal or 0, norm)  # fmt: skip
         sums = self._wait()
         if grad_norm is not None:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
@@ -132,10 +145,10 @@ def decode(sums: list[float]) -> Agreed:
     return Agreed(targets, loss_sum, signum)
 
 
-def ranks_with_nonfinite_loss(step_loss: torch.Tensor, world_size: int) -> int:
-    """How many ranks' step loss is non-finite: a collective every rank calls, only where the
-    gradient was non-finite (the same on every rank), to say what was."""
+def ranks_with_nonfinite_loss(step_loss: torch.Tensor, several: bool) -> int:
+    """How many ranks' step loss is non-finite: a collective every rank calls (``several``
+    ranks), only where the gradient was non-finite (the same on every rank), to say why."""
     flag = (~torch.isfinite(step_loss.detach())).to(torch.float64).reshape(1)
-    if world_size > 1:
+    if several:
         dist.all_reduce(flag)
     return int(flag.item())

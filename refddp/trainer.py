@@ -14,7 +14,7 @@ import math
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -101,6 +101,15 @@ def prepare_run_dir(c: TrainConfig) -> None:
         save_yaml(c, path)
 
 
+class Unagreed(NamedTuple):
+    """A step whose loss sum (this rank's, on the device) the next agreement carries to every
+    rank; ``targets``: its global target count, agreed already."""
+
+    step: int
+    loss: torch.Tensor
+    targets: float
+
+
 class Trainer:
     """One rank's training run; ``fit()`` is the loop."""
 
@@ -159,13 +168,11 @@ class Trainer:
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
         self.skipped_steps = 0
         self.agreement = StepAgreement(self.stop, self.device, ctx.world_size)
-        # loss_scale's, where every sample is one target (made once: a tensor made from a
-        # float each step would be a host-to-device copy, which waits for the device)
-        self.sample_scale = torch.tensor(ctx.world_size / self.global_batch,
-                                         dtype=torch.float64, device=self.device)  # fmt: skip
-        # The last step's loss sum and global target count, until the next agreement carries
-        # the loss to every rank (for the trackers' per-step curve: ``log_step``).
-        self.unagreed: tuple[int, torch.Tensor, float] | None = None
+        self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
+        self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
+        # The last step's loss, until the next agreement carries it to every rank (for the
+        # trackers' per-step curve: ``log_step``).
+        self.unagreed: Unagreed | None = None
         self.resumed_from = self._resume()
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
@@ -320,43 +327,40 @@ class Trainer:
         Returns the stop signal any rank had received when the step began (0: none)."""
         c, window = self.c, self.window
         waited = time.perf_counter()
-        micro_batches = [self.next_batch(batches) for _ in range(c.grad_accum)]
+        micro_batches = [next(batches) for _ in range(c.grad_accum)]
         window.data_wait += time.perf_counter() - waited
-        # Counted before any forward, so that the agreement below is in flight while the
-        # forward runs: the loss's normaliser is the global batch's target count.
-        targets = sum(self.objective.count(batch) for batch in micro_batches)
+        # Counted on the host before any forward, so that the agreement below is in flight
+        # while the forward runs: the loss's normaliser is the global batch's target count.
+        targets = sum(int(self.objective.count(batch)) for batch in micro_batches)
         # One small all-reduce a step: the global target count, the stop signals, the last
         # step's loss for the trackers (refddp/step_agreement.py).
-        self.agreement.send(targets, self.unagreed_loss)
+        self.agreement.send(targets, self.loss_to_log(self.unagreed))
         step_loss = None
         for micro, batch in enumerate(micro_batches):
             last = micro == c.grad_accum - 1
             # Only the last backward all-reduces the gradients; the others accumulate locally.
             with contextlib.nullcontext() if last else self.parallel.no_sync():
-                started = time.perf_counter()
-                loss = self.micro_loss(self.forward, batch)
-                window.compute += time.perf_counter() - started
-                scaled = loss.total * self.loss_scale(loss.total)
-                started = time.perf_counter()
-                self.scaler.scale(scaled).backward()
-                if not (last and self.ctx.world_size > 1):  # not the wait for slower ranks
-                    window.compute += time.perf_counter() - started
+                with window.computing():
+                    loss = self.micro_loss(self.forward, self.on_device(batch))
+                # world size / the global count (waited for here), NaN for a non-finite loss
+                scale = self.loss_scale(loss.total)
+                with window.computing(not (last and self.several)):  # not the wait for others
+                    self.scaler.scale(loss.total * scale).backward()
             detached = loss.total.detach()
             step_loss = detached if step_loss is None else step_loss + detached
         assert step_loss is not None  # grad_accum >= 1
         step = self.pos.step + 1
         # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
-        # holds the same gradient, so every rank finds the same norm and takes the same branch:
-        # no collective decides it (FSDP's norm is clipping's all-reduce of the shards' norms).
+        # holds the same gradient, so every rank finds the same norm and takes the same branch
+        # (FSDP's norm is one all-reduce of the shards' norms).
         if self.scaling:
             self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient
         norm = self.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
         agreed = self.agreement.read(norm)  # one host read a step: the norm and the agreement
-        applied = self.update(step, step_loss, agreed.grad_norm)
-        if applied:
+        self.log_step(self.unagreed, agreed.previous_loss_sum)
+        self.unagreed = Unagreed(step, step_loss, agreed.targets)
+        if self.update(step, step_loss, agreed.grad_norm):
             window.add_loss(step_loss, targets)
-        self.log_step(agreed.previous_loss_sum)
-        self.unagreed = (step, step_loss, agreed.targets)
         window.targets += agreed.targets
         self.pos.step = step
         self.schedule.advance(step)
@@ -366,53 +370,60 @@ class Trainer:
             self.watchdog.progress()
         return agreed.signal
 
-    def next_batch(self, batches: Any) -> Any:
-        """The loader's next batch, on this rank's device."""
-        batch = next(batches)
-        # (on the CPU a batch is where the loader made it)
+    def on_device(self, batch: Any) -> Any:
+        """``batch`` on this rank's device (on the CPU it is where the loader made it)."""
         return to_device(batch, self.device) if self.moves_batches else batch
 
     def loss_scale(self, micro_loss: torch.Tensor) -> torch.Tensor:
         """What a micro-batch's loss sum is multiplied by before its backward: world size /
         the global batch's target count. DDP averages gradients over ranks, so the gradient
         applied is then the sum over every target of the global batch divided by their
-        count, at any world size and accumulation split (0 if the batch has no target).
+        count, at any world size and accumulation split (0 if the batch has no target). In
+        float32 at least, whatever the loss's dtype.
 
         A loss that is non-finite on this rank gets a NaN scale instead: its gradient is then
         NaN, so after the all-reduce every rank's gradient is, and ``update`` skips the step
         on every rank, with no collective of its own (a non-finite loss can have a finite
         gradient: cross-entropy against a logit of -inf)."""
-        world = self.ctx.world_size
+        dtype = torch.promote_types(micro_loss.dtype, torch.float32)
         if self.objective.counts_samples:  # one target a sample: the count is the global batch
-            scale = self.sample_scale
+            scale = self.sample_scale(dtype)
         else:  # waits for the agreed count (in flight since the step began)
             count = self.agreement.targets()
-            scale = torch.where(count > 0, world / count, 0.0)
-        scale = scale.to(micro_loss.dtype)
+            scale = torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
         return torch.where(torch.isfinite(micro_loss.detach()), scale, torch.nan)
 
+    def sample_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """``loss_scale`` where every sample is one target: world size / global batch, made
+        once per dtype (a tensor made from a float each step would be a host-to-device copy,
+        which waits for the device)."""
+        if dtype not in self.sample_scales:
+            self.sample_scales[dtype] = torch.tensor(self.ctx.world_size / self.global_batch,
+                                                     dtype=dtype, device=self.device)  # fmt: skip
+        return self.sample_scales[dtype]
+
     def update(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
-        """Step the optimizer unless the gradient's ``norm`` is non-finite (fp16: GradScaler
-        decides); True if the step counts as trained."""
-        finite = math.isfinite(norm)
+        """Step the optimizer unless the gradient's ``norm`` is non-finite; True if the step
+        counts as trained. On a non-finite step every rank (all are here alike) counts the
+        ranks whose loss was non-finite, to say why, then stops or counts the skip
+        (``nonfinite_step``). Under fp16 GradScaler skips and lowers its scale itself, except
+        for a non-finite loss, which is no overflow: its scale is kept; a gradient that
+        overflowed behind finite losses is GradScaler's alone and counts as trained."""
+        bad = 0 if math.isfinite(norm) else ranks_with_nonfinite_loss(step_loss, self.several)
         if self.scaling:
             self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 gradients
-            self.scaler.update()
-        elif finite:
+            self.scaler.update(self.scaler.get_scale() if bad else None)
+        elif math.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return finite or self.nonfinite_step(step, step_loss, norm)
-
-    def nonfinite_step(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
-        """Step ``step``'s gradient was non-finite on every rank, its update not applied: say
-        why once (one collective, every rank being here: how many ranks' loss was non-finite),
-        then stop every rank (``on_nonfinite=stop``) or count it. Under fp16 a gradient that
-        overflowed behind finite losses is GradScaler's to handle: it skipped the step and
-        lowered its scale; that step counts as trained (returns True)."""
-        bad = ranks_with_nonfinite_loss(step_loss, self.ctx.world_size)
-        if self.scaling and not bad:
-            log.debug("step %d: fp16 gradient overflow; GradScaler skipped it", step)
+        if math.isfinite(norm) or (self.scaling and not bad):
             return True
+        self.nonfinite_step(step, bad, norm)
+        return False
+
+    def nonfinite_step(self, step: int, bad: int, norm: float) -> None:
+        """Step ``step`` was not applied (``bad`` ranks' loss was non-finite, or none and the
+        gradient was): stop every rank (``on_nonfinite=stop``), or count it and say so once."""
         if bad:
             what = f"non-finite loss on {bad} of {self.ctx.world_size} rank(s)"
         else:
@@ -422,30 +433,32 @@ class Trainer:
         self.skipped_steps += 1
         if self.ctx.is_main:
             log.warning("step %d: %s; update skipped on every rank", step, what)
-        return False
 
-    def log_step(self, loss_sum: float) -> None:
-        """The step before's loss, agreed with this step's targets, and its learning rate, to
-        the trackers every ``--log-every`` steps."""
-        if self.unagreed is None:
+    def loss_to_log(self, pending: Unagreed | None) -> torch.Tensor | None:
+        """Step ``pending``'s loss sum if the trackers log that step (every ``--log-every``
+        steps), for the agreement to carry; else None."""
+        if pending is None or not (self.log_every and pending.step % self.log_every == 0):
+            return None
+        return pending.loss
+
+    def log_step(self, pending: Unagreed | None, loss_sum: float) -> None:
+        """Step ``pending``'s loss (its global ``loss_sum``, agreed a step later, over its
+        targets) and learning rate, to the trackers if they log that step."""
+        if self.loss_to_log(pending) is None:
             return
-        step, _, targets = self.unagreed
-        self.unagreed = None
-        if self.log_every and step % self.log_every == 0:
-            loss = loss_sum / targets if targets else math.nan
-            self.trackers.log(step, {"train/loss": loss, "train/lr": self.schedule.rate(step - 1)})
-
-    @property
-    def unagreed_loss(self) -> torch.Tensor | None:
-        return self.unagreed[1] if self.unagreed else None
+        assert pending is not None
+        loss = loss_sum / pending.targets if pending.targets else math.nan
+        rate = self.schedule.rate(pending.step - 1)
+        self.trackers.log(pending.step, {"train/loss": loss, "train/lr": rate})
 
     def settle(self) -> int:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for
         the trackers) and a stop signal received since the step began. Every rank calls it at
         the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
-        self.agreement.send(0, self.unagreed_loss)
+        self.agreement.send(0, self.loss_to_log(self.unagreed))
         agreed = self.agreement.read()
-        self.log_step(agreed.previous_loss_sum)
+        self.log_step(self.unagreed, agreed.previous_loss_sum)
+        self.unagreed = None
         return agreed.signal
 
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:

@@ -6,7 +6,9 @@ so a resumed run's next record covers the same steps as an uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,7 @@ class Window:
     """
 
     loss_sum: torch.Tensor
-    loss_targets: torch.Tensor
+    loss_targets: float
     start: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0  # carried over from before a resume
     samples: int = 0
@@ -44,7 +46,7 @@ class Window:
         loss_sum, loss_targets = saved.get("loss", (0.0, 0.0))
         return cls(
             loss_sum=torch.tensor(loss_sum, dtype=torch.float64, device=device),
-            loss_targets=torch.tensor(loss_targets, dtype=torch.float64, device=device),
+            loss_targets=float(loss_targets),
             seconds=saved.get("seconds", 0.0),
             samples=saved.get("samples", 0),
             targets=saved.get("targets", 0.0),
@@ -54,8 +56,17 @@ class Window:
             carried_steps=saved.get("steps", 0),
         )
 
-    def add_loss(self, total: torch.Tensor, targets: torch.Tensor | int) -> None:
-        """Count an applied step's loss: this rank's sum over its ``targets``."""
+    @contextlib.contextmanager
+    def computing(self, counted: bool = True) -> Iterator[None]:
+        """Time what runs inside as this rank's compute (unless not ``counted``)."""
+        started = time.perf_counter()
+        yield
+        if counted:
+            self.compute += time.perf_counter() - started
+
+    def add_loss(self, total: torch.Tensor, targets: int) -> None:
+        """Count an applied step's loss: this rank's sum (on the device) over its ``targets``
+        (counted on the host)."""
         self.loss_sum += total
         self.loss_targets += targets
 
@@ -89,4 +100,6 @@ class Window:
 
     def loss_tensor(self) -> torch.Tensor:
         """This rank's [loss sum, targets] as one float64 tensor (to all-reduce)."""
-        return torch.stack([self.loss_sum, self.loss_targets])
+        device = self.loss_sum.device
+        targets = torch.full((1,), self.loss_targets, dtype=torch.float64, device=device)
+        return torch.cat([self.loss_sum.reshape(1), targets])

@@ -12,7 +12,7 @@ from refddp.trackers.base import Run, Tracker
 
 POINTS: list[tuple[int, dict[str, float]]] = []  # (step, scalars) from log()
 RECORDS: list[dict[str, Any]] = []  # evaluation records
-EVENTS: list[str] = []  # open / flush / close, in order
+EVENTS: list[str] = []  # open / log STEP / flush / close, in order
 
 
 class Recording(Tracker):
@@ -24,6 +24,7 @@ class Recording(Tracker):
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         POINTS.append((step, dict(scalars)))
+        EVENTS.append(f"log {step}")
 
     def record(self, record: dict[str, Any]) -> None:
         RECORDS.append(dict(record))

@@ -34,7 +34,17 @@ class UserLoss(Objective):
         if not self.exact:
             return batch_size(batch)
         counter = getattr(self.fn, "count", None)
-        return counter(batch) if callable(counter) else scored_count(targets_of(batch, self.name))
+        if callable(counter):
+            return counter(batch)
+        try:
+            return scored_count(targets_of(batch, self.name))
+        except ConfigError:
+            raise ConfigError(
+                f"loss: {self.name} returns (loss_sum, count), and refddp counts a batch's "
+                "targets before its forward from its labels (a dict's 'labels', a tuple's last "
+                f"element), which this batch lacks: give {self.name.split(':')[-1]} a "
+                "count(batch) attribute returning the count it divides by"
+            ) from None
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         found = self.fn(outputs, batch)

@@ -19,6 +19,7 @@ from tests.rank_tasks import fit
 MARKED = dict(data="tests.user_code:marked_datasets", epochs=1, global_batch_size=8)
 NAN_GRADIENT = "tests.user_code:nan_gradient_loss"
 INFINITE_LOSS = "tests.user_code:infinite_loss_finite_gradient_loss"
+SUMMED = "tests.user_code:summed_cross_entropy_loss"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -37,6 +38,19 @@ def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_s
         assert torch.equal(two[0]["weights"][key], two[1]["weights"][key]), key
         # The same global batches, the same step skipped: the weights of one process.
         torch.testing.assert_close(two[0]["weights"][key], value, rtol=1e-9, atol=1e-12)
+
+
+def test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale(spawn, tmp_path):
+    # GradScaler would take the NaN gradient a non-finite loss makes for an overflow and halve
+    # its scale; a non-finite loss is no overflow: the scale stays the clean run's.
+    job = dict(MARKED, amp="fp16", dtype="float32")
+    clean = spawn(fit, str(tmp_path / "clean"), loss=SUMMED, **job)
+    marked = spawn(fit, str(tmp_path / "marked"), loss=INFINITE_LOSS, **job)
+    assert clean[0]["result"]["skipped_steps"] == 0 and clean[0]["scale"] == 65536.0
+    assert [r["result"]["skipped_steps"] for r in marked] == [1, 1]
+    assert marked[0]["scale"] == marked[1]["scale"] == clean[0]["scale"]
+    for key, value in marked[0]["weights"].items():
+        assert torch.isfinite(value).all(), key
 
 
 def test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks_losses_were(

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from refddp.config import TrainConfig
 from refddp.dist import DistContext
 from refddp.models import build_model
-from refddp.parallel import FullyShardedParallel, Parallel, fsdp_blocks
+from refddp.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
 from refddp.testing.collectives import process_group_sequence
 from tests.rank_tasks import fit_recording_collectives
 
@@ -138,6 +138,38 @@ def collectives_per_micro_batch() -> dict:
         counts[name] = process_group_sequence() - before
     counts["units"] = len(fsdp_blocks(fsdp.model))  # the MLP's root holds no parameter itself
     return counts
+
+
+def collectives_of_the_gradient_norm(strategy: str) -> dict:
+    """Default-group collectives of ``grad_norm`` without and with clipping, after one
+    backward, and the norms it returned."""
+    c = TrainConfig(**CONFIG)
+    parallel = build_parallel(build_model(c), c, _ctx()) if strategy == "ddp" else (
+        FullyShardedParallel(build_model(c), c, _ctx()))  # fmt: skip
+    torch.manual_seed(dist.get_rank())  # each rank its own batch
+    x, y = torch.randn(4, 8, dtype=torch.float64), torch.randint(0, 3, (4,))
+    F.cross_entropy(parallel.module(x), y).backward()
+    found = {}
+    for name, max_norm in (("norm", 0.0), ("clipped", 1e-3), ("after", 0.0)):
+        before = process_group_sequence()
+        norm = parallel.grad_norm(max_norm)
+        found[name] = (process_group_sequence() - before, float(norm), type(norm).__name__)
+    return found
+
+
+@pytest.mark.parametrize("strategy, collectives", [("ddp", 0), ("fsdp", 1)])
+def test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at_most(
+    spawn, strategy, collectives
+):
+    # DDP's gradient is whole on every rank: its norm needs no collective. FSDP's is sharded:
+    # one all-reduce of the shards' norms, which clipping then uses (not a second).
+    ranks = spawn(collectives_of_the_gradient_norm, strategy, world_size=2)
+    for rank in ranks:
+        assert [rank[k][0] for k in ("norm", "clipped", "after")] == [collectives] * 3, rank
+        assert all(rank[k][2] == "Tensor" for k in rank), "a plain tensor, whatever the strategy"
+        assert rank["norm"][1] == rank["clipped"][1] > 1e-3, "the norm before clipping"
+        assert rank["after"][1] == pytest.approx(1e-3, rel=1e-3), "clipped to the bound"
+    assert ranks[0] == ranks[1], "every rank the same norm"
 
 
 def test_fsdp_accumulation_skips_the_gradient_reduce_scatter(spawn):

@@ -1,9 +1,10 @@
 """Ranks cannot fall out of step: generated scenarios, checked for the invariants.
 
-Each scenario draws a world size (1-4), the data and batch sizes, the accumulation, which rank
-sees a non-finite loss or gradient at which step, which rank receives SIGTERM or SIGUSR1 after
-which step (or a ``stop_after`` point), and the evaluation and checkpoint cadence. The run
-(resumed after its stop) must:
+Each scenario draws a world size (1-4), the strategy (DDP or FSDP), the data (one target a
+sample, or padded token sequences whose global target count the step must agree on) and batch
+sizes, the accumulation, clipping, which rank sees a non-finite loss or gradient at which
+step, which rank receives SIGTERM or SIGUSR1 after which step (or a ``stop_after`` point), and
+the evaluation and checkpoint cadence. The run (resumed after its stop) must:
 
 - issue the same collectives in the same order on every rank, and as many in all (the
   harness's record, and the group's sequence number, which counts DDP's own all-reduces);
@@ -36,6 +37,9 @@ from refddp.trainer import Trainer
 from tests.rank_tasks import tiny_config
 
 EXAMPLES = int(os.environ.get("REFDDP_SCENARIOS", "25"))
+# Padded sequences of 2-10 tokens (tests/sequence_code.py): targets per sample vary.
+TOKENS = dict(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences",
+              num_classes=12, input_dim=10)  # fmt: skip
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
 
 
@@ -55,8 +59,8 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
             if kind == "loss":  # inf, with a finite gradient (a constant added)
                 return loss._replace(total=loss.total + float("inf"))
             if kind == "gradient":  # finite (0 added), with a NaN gradient (sqrt at 0)
-                p = next(trainer.model.parameters())
-                return loss._replace(total=loss.total + ((p - p.detach()) ** 2).sum().sqrt())
+                total = loss.total
+                return loss._replace(total=total + ((total - total.detach()) ** 2).sqrt())
             return loss
 
         def step_then_signal(batches):
@@ -73,13 +77,15 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
         "step": result["step"],
         "stopped_by": result["stopped_by"],
         "skipped": result["skipped_steps"],
-        "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
     }
 
 
 @st.composite
 def scenarios(draw) -> dict:
     world = draw(st.integers(1, 4))
+    strategy = draw(st.sampled_from(["ddp", "fsdp"])) if world > 1 else "ddp"
+    tokens = draw(st.booleans())
     accum = draw(st.integers(1, 3))
     per_rank = draw(st.integers(1, 3))
     global_batch = world * accum * per_rank
@@ -99,14 +105,18 @@ def scenarios(draw) -> dict:
         "faults": faults,
         "signalled": signalled,
         "stop_after": draw(st.integers(1, total - 1)) if stop == "stop_after" else 0,
+        "strategy": strategy,
         "job": dict(
+            TOKENS if tokens else {},
             train_size=global_batch * steps_per_epoch + draw(st.integers(0, global_batch - 1)),
             val_size=draw(st.integers(world, 13)),  # uneven evaluation shards too
             global_batch_size=global_batch,
             epochs=epochs,
             eval_every=draw(st.integers(0, 4)),
             ckpt_every=draw(st.integers(0, 4)),
+            grad_clip=draw(st.sampled_from([0.0, 0.5])),
             optimizer="sgd",
+            lr=0.1,
             dropout=0.0,
         ),
         "accum": accum,
@@ -153,7 +163,7 @@ def test_every_generated_scenario_keeps_the_ranks_in_step_and_the_weights_of_one
         out = os.path.join(tmp, "run")
         run = spawn(run_scenario, out, s["faults"], s["signalled"], world_size=s["world"],
                     grad_accum=s["accum"], stop_after=s["stop_after"], timeout=60,
-                    **s["job"])  # fmt: skip
+                    strategy=s["strategy"], **s["job"])  # fmt: skip
         assert_in_step(run)
         skipped = run[0]["skipped"]
         if s["signalled"]:
@@ -166,7 +176,8 @@ def test_every_generated_scenario_keeps_the_ranks_in_step_and_the_weights_of_one
             assert run[0]["step"] == s["stop_after"] and run[0]["stopped_by"] is None
         if run[0]["step"] < s["total"]:  # stopped: the rerun resumes from its checkpoint
             run = spawn(run_scenario, out, s["faults"], None, world_size=s["world"],
-                        grad_accum=s["accum"], timeout=60, **s["job"])  # fmt: skip
+                        grad_accum=s["accum"], timeout=60, strategy=s["strategy"],
+                        **s["job"])  # fmt: skip
             assert_in_step(run)
             skipped += run[0]["skipped"]
         assert run[0]["step"] == s["total"]

@@ -822,8 +822,8 @@ MUTANTS = (
     # agreed before the backward, the skip decided from the all-reduced gradient's norm.
     Mutant(
         "count-of-one-micro-batch", "exact normalisation over every micro-batch", TRAINER,
-        "targets = sum(self.objective.count(batch) for batch in micro_batches)",
-        "targets = self.objective.count(micro_batches[0]) * len(micro_batches)",
+        "targets = sum(int(self.objective.count(batch)) for batch in micro_batches)",
+        "targets = int(self.objective.count(micro_batches[0])) * len(micro_batches)",
         (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
          "_split[cross_entropy]",),
     ),
@@ -868,14 +868,15 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-gradient-applied", "nothing non-finite reaches the weights", TRAINER,
-        "        elif finite:\n            self.optimizer.step()",
+        "        elif math.isfinite(norm):\n            self.optimizer.step()",
         "        else:\n            self.optimizer.step()",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
          "_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
         "nonfinite-step-not-counted", "a skipped step is counted and said", TRAINER,
-        "return finite or self.nonfinite_step(step, step_loss, norm)", "return True",
+        "        self.nonfinite_step(step, bad, norm)\n        return False",
+        "        return True",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
          "_process_skips_it[nan-gradient-ddp]",),
     ),
@@ -893,7 +894,7 @@ MUTANTS = (
     ),
     Mutant(
         "fp16-overflow-counted-as-nonfinite", "GradScaler handles fp16 overflows", TRAINER,
-        "        if self.scaling and not bad:", "        if False:",
+        "if math.isfinite(norm) or (self.scaling and not bad):", "if math.isfinite(norm):",
         (f"{T_DDP}::test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike",),
     ),
     Mutant(
@@ -921,8 +922,8 @@ MUTANTS = (
     ),
     Mutant(
         "count-in-float32", "the target count is exact past 2**24", AGREEMENT,
-        "count = targets.reshape(1).to(torch.float64)",
-        "count = targets.reshape(1).to(torch.float32).double()",
+        "count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)",
+        "count = torch.full((1,), float(targets), dtype=torch.float32, device=self.device).double()",
         ("tests/unit/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
          "_exact",),
     ),
@@ -934,9 +935,10 @@ MUTANTS = (
     ),
     Mutant(
         "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", TRAINER,
-        "        self.log_step(agreed.previous_loss_sum)\n        self.unagreed = (step,",
-        "        self.log_step(float(self.unagreed_loss or 0) * self.ctx.world_size)\n"
-        "        self.unagreed = (step,",
+        "        self.log_step(self.unagreed, agreed.previous_loss_sum)\n"
+        "        self.unagreed = Unagreed(step,",
+        "        self.log_step(self.unagreed, float(self.unagreed.loss) * self.ctx.world_size "
+        "if self.unagreed else 0.0)\n        self.unagreed = Unagreed(step,",
         (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
     ),
     Mutant(
@@ -959,15 +961,15 @@ MUTANTS = (
     ),
     Mutant(
         "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
-        TRAINER, "if not (last and self.ctx.world_size > 1):  # not the wait for slower ranks",
-        "if True:",
+        TRAINER, "with window.computing(not (last and self.several)):",
+        "with window.computing():",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
          "[0-forward-1]",),
     ),
     Mutant(
         "straggler-backward-not-timed", "a rank slow in its backward is named", TRAINER,
-        "                    window.compute += time.perf_counter() - started\n            detached",
-        "                    pass\n            detached",
+        "with window.computing(not (last and self.several)):",
+        "with window.computing(False):",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
          "[1-backward-2]",),
     ),
@@ -994,6 +996,34 @@ MUTANTS = (
         "    _keep_kernels(state[\"optimizer_state_dict\"][\"param_groups\"], parts.optimizer)\n",
         "",
         (f"{T_KERNELS}::test_a_run_resumes_with_this_invocations_optimizer_kernels[ddp-full]",),
+    ),
+    Mutant(
+        "fp16-nonfinite-loss-lowers-the-scale", "a non-finite loss is no fp16 overflow", TRAINER,
+        "self.scaler.update(self.scaler.get_scale() if bad else None)", "self.scaler.update()",
+        (f"{T_NONFINITE}::test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale",),
+    ),
+    Mutant(
+        "agreement-blocks-the-forward", "the agreement overlaps the forward", AGREEMENT,
+        "self._work = dist.all_reduce(sums, async_op=True)",
+        "self._work = dist.all_reduce(sums, async_op=False)",
+        ("tests/unit/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
+         "_exact",),
+        equivalent="overlapping the count's all-reduce with the forward is a matter of speed: "
+        "a blocking all-reduce agrees the same sums, and no CPU test can time the overlap",
+    ),
+    Mutant(
+        "fsdp-norm-of-this-ranks-shard", "every rank decides from the same norm", PARALLEL,
+        "            norm = norm.redistribute(placements=[Replicate()] * norm.device_mesh.ndim)\n",
+        "            pass\n",
+        (f"{T_PARALLEL}::test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at"
+         "_most[fsdp-1]",),
+    ),
+    Mutant(
+        "clipping-reduces-the-norm-again", "one all-reduce for the norm and clipping", PARALLEL,
+        "        clip_grads_with_norm_(parameters, max_norm, norm)\n",
+        "        nn.utils.clip_grad_norm_(parameters, max_norm)\n",
+        (f"{T_PARALLEL}::test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at"
+         "_most[fsdp-1]",),
     ),
     Mutant(
         "user-loss-count-unchecked", "a user loss's count is the one counted before its forward",
