@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
-from refddp import checkpoint_formats, run_state
+from refddp import checkpoint_formats, run_state, trackers
 from refddp.config import (
     ConfigError,
     TrainConfig,
@@ -180,7 +180,10 @@ class Trainer:
         run = Run(c.out, c.to_dict(), self.pos.step, resumed=bool(self.resumed_from))
         self.trackers = rank0_then_meet(lambda: Trackers.open(list_items(c.log_to), run))
         self.trackers = self.trackers or Trackers()
-        self.log_every = c.log_every if self.trackers.logs_steps else 0
+        # Every rank alike (the step's agreement carries a logged step's loss): the per-step
+        # loss goes to any tracker named besides history.jsonl, which takes evaluations only.
+        logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
+        self.log_every = c.log_every if logs_steps else 0
         self.stragglers = StragglerWatch()
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -391,7 +394,7 @@ class Trainer:
         else:  # waits for the agreed count (in flight since the step began)
             count = self.agreement.targets()
             scale = torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
-        return torch.where(torch.isfinite(micro_loss.detach()), scale, torch.nan)
+        return scale + micro_loss.detach() * 0  # 0 x inf and 0 x nan are nan
 
     def sample_scale(self, dtype: torch.dtype) -> torch.Tensor:
         """``loss_scale`` where every sample is one target: world size / global batch, made

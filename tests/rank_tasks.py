@@ -212,6 +212,7 @@ def fit_full_weights(out: str, **overrides) -> dict:
         "weights": trainer.parallel.model_state_dict(),
         "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
         "step": result["step"],
+        "result": result,
         "stopped_by": result["stopped_by"],
         "resumed_from": trainer.resumed_from,
         "fused": all(g.get("fused") for g in trainer.optimizer.param_groups),
@@ -230,6 +231,23 @@ def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     finally:
         refddp.trainer.fuses_on_cuda = real
     return {"fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups]}
+
+
+def fit_recording_scales(out: str, **overrides) -> dict:
+    """``fit`` under ``amp fp16``, recording after each step (step, skipped steps so far,
+    GradScaler's scale)."""
+    trainer = Trainer(tiny_config(out, amp="fp16", dtype="float32", **overrides),
+                      init_distributed("cpu"))  # fmt: skip
+    train_step, steps = trainer.train_step, []
+
+    def recorded(batches):
+        signum = train_step(batches)
+        steps.append((trainer.pos.step, trainer.skipped_steps, trainer.scaler.get_scale()))
+        return signum
+
+    trainer.train_step = recorded
+    trainer.fit()
+    return {"steps": steps, "initial": trainer.scaler.get_scale() if not steps else None}
 
 
 def fit_full_weights_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:

@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from refddp.testing import RankFailure
-from tests.rank_tasks import fit
+from tests.rank_tasks import fit, fit_full_weights, fit_recording_scales
 
 MARKED = dict(data="tests.user_code:marked_datasets", epochs=1, global_batch_size=8)
 NAN_GRADIENT = "tests.user_code:nan_gradient_loss"
 INFINITE_LOSS = "tests.user_code:infinite_loss_finite_gradient_loss"
-SUMMED = "tests.user_code:summed_cross_entropy_loss"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -27,30 +26,32 @@ SUMMED = "tests.user_code:summed_cross_entropy_loss"
 def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it(
     spawn, tmp_path, loss, strategy
 ):
-    # (FSDP: each rank holds a shard of the gradient; its norm is one all-reduce away.)
-    one = spawn(fit, str(tmp_path / "one"), world_size=1, loss=loss, **MARKED)[0]
-    two = spawn(fit, str(tmp_path / "two"), world_size=2, loss=loss, strategy=strategy, **MARKED)
+    # (FSDP: each rank holds a shard of the gradient; its norm is one all-reduce away. Rank 0
+    # gathers the full weights.)
+    one = spawn(fit_full_weights, str(tmp_path / "one"), world_size=1, loss=loss, **MARKED)[0]
+    two = spawn(fit_full_weights, str(tmp_path / "two"), world_size=2, loss=loss,
+                strategy=strategy, **MARKED)  # fmt: skip
     assert [r["result"]["skipped_steps"] for r in [one, *two]] == [1, 1, 1]
-    assert one["step"] == two[0]["step"] == 12, "the other steps train"
+    assert one["step"] == two[0]["step"] == two[1]["step"] == 12, "the other steps train"
     assert math.isfinite(two[0]["result"]["metrics"]["val_loss"])
     for key, value in one["weights"].items():
         assert torch.isfinite(value).all(), key
-        assert torch.equal(two[0]["weights"][key], two[1]["weights"][key]), key
         # The same global batches, the same step skipped: the weights of one process.
         torch.testing.assert_close(two[0]["weights"][key], value, rtol=1e-9, atol=1e-12)
 
 
 def test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale(spawn, tmp_path):
     # GradScaler would take the NaN gradient a non-finite loss makes for an overflow and halve
-    # its scale; a non-finite loss is no overflow: the scale stays the clean run's.
-    job = dict(MARKED, amp="fp16", dtype="float32")
-    clean = spawn(fit, str(tmp_path / "clean"), loss=SUMMED, **job)
-    marked = spawn(fit, str(tmp_path / "marked"), loss=INFINITE_LOSS, **job)
-    assert clean[0]["result"]["skipped_steps"] == 0 and clean[0]["scale"] == 65536.0
-    assert [r["result"]["skipped_steps"] for r in marked] == [1, 1]
-    assert marked[0]["scale"] == marked[1]["scale"] == clean[0]["scale"]
-    for key, value in marked[0]["weights"].items():
-        assert torch.isfinite(value).all(), key
+    # its scale; a non-finite loss is no overflow: across the skipped step the scale stays.
+    ranks = spawn(fit_recording_scales, str(tmp_path), loss=INFINITE_LOSS, **MARKED)
+    assert ranks[0] == ranks[1], "every rank skips alike, with one scale"
+    steps = ranks[0]["steps"]
+    skipped = [i for i, (_, count, _) in enumerate(steps) if count == 1 and
+               (i == 0 or steps[i - 1][1] == 0)]  # fmt: skip
+    assert len(skipped) == 1 and steps[-1][1] == 1, steps
+    at = skipped[0]
+    before = steps[at - 1][2] if at else 65536.0  # GradScaler's initial scale
+    assert steps[at][2] == before, steps
 
 
 def test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks_losses_were(

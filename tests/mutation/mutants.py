@@ -842,7 +842,8 @@ MUTANTS = (
     ),
     Mutant(
         "loss-not-scaled", "the gradient is the mean over the global batch", TRAINER,
-        "scaled = loss.total * self.loss_scale(loss.total)", "scaled = loss.total",
+        "self.scaler.scale(loss.total * scale).backward()",
+        "self.scaler.scale(loss.total).backward()",
         (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
          "_global_batch",),
     ),
@@ -861,7 +862,7 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-loss-not-poisoning-the-gradient", "a non-finite loss is skipped on every rank",
-        TRAINER, "return torch.where(torch.isfinite(micro_loss.detach()), scale, torch.nan)",
+        TRAINER, "return scale + micro_loss.detach() * 0  # 0 x inf and 0 x nan are nan",
         "return scale",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
          "_process_skips_it[inf-loss-ddp]",),
@@ -943,7 +944,8 @@ MUTANTS = (
     ),
     Mutant(
         "step-loss-logged-every-step", "the loss every --log-every steps", TRAINER,
-        "if self.log_every and step % self.log_every == 0:", "if self.log_every:",
+        "if pending is None or not (self.log_every and pending.step % self.log_every == 0):",
+        "if pending is None or not self.log_every:",
         (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
          "_agreement[3]",),
     ),
@@ -1024,6 +1026,12 @@ MUTANTS = (
         "        nn.utils.clip_grad_norm_(parameters, max_norm)\n",
         (f"{T_PARALLEL}::test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at"
          "_most[fsdp-1]",),
+    ),
+    Mutant(
+        "logged-loss-sent-by-rank-0-alone", "the trackers' loss is the global mean", TRAINER,
+        "        logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))\n",
+        "        logs_steps = self.trackers.logs_steps\n",
+        (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
     ),
     Mutant(
         "user-loss-count-unchecked", "a user loss's count is the one counted before its forward",
