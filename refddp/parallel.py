@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from refddp.config import TrainConfig
@@ -68,12 +68,10 @@ class Parallel:
         from it needs no collective. Under FSDP each rank holds a shard of each gradient: the
         norm is then one all-reduce of the shards' norms, made once for both uses."""
         parameters = [p for p in self.parameters if p.grad is not None]
-        norm = total_norm([p.grad for p in parameters])
-        if isinstance(norm, DTensor):  # the shards' partial norms, reduced to the whole
-            norm = norm.redistribute(placements=[Replicate()] * norm.device_mesh.ndim)
+        norm = total_norm([p.grad for p in parameters])  # (FSDP: reduced over the shards)
         if max_norm:
             clip_to_norm(parameters, max_norm, norm)
-        return norm.to_local() if isinstance(norm, DTensor) else norm
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()

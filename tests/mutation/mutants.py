@@ -800,7 +800,7 @@ MUTANTS = (
         "straggler-times-in-rank-0s-slot", "history names the slowest rank", STRAGGLERS,
         "vector[rank], vector[world + rank] = ", "vector[0], vector[world] = ",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
-         "[1-forward]",),
+         "[1-forward-1]",),
     ),
     Mutant(
         "straggler-warned-at-the-first-slow-evaluation", "a persistent straggler is warned of",
@@ -889,7 +889,7 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",
-        AGREEMENT, "        dist.all_reduce(flag)\n", "",
+        AGREEMENT, "        dist.all_reduce(flag)\n", "        pass\n",
         (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
          "_losses_were",),
     ),
@@ -925,8 +925,8 @@ MUTANTS = (
         "count-in-float32", "the target count is exact past 2**24", AGREEMENT,
         "count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)",
         "count = torch.full((1,), float(targets), dtype=torch.float32, device=self.device).double()",
-        ("tests/unit/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
-         "_exact",),
+        ("tests/multiproc/test_step_agreement.py::test_the_agreement_sums_every_ranks_count"
+         "_loss_and_stop_signal",),
     ),
     Mutant(
         "no-settle-before-an-evaluation", "the last step's loss and a late stop are agreed",
@@ -990,7 +990,7 @@ MUTANTS = (
     Mutant(
         "cuda-optimizer-unfused", "on CUDA the optimizer is fused", TRAINER,
         "        fused = fuses_on_cuda(c, self.device)\n", "        fused = False\n",
-        (f"{T_KERNELS}::test_the_trainer_fuses_its_optimizer_where_cuda_has_the_kernel[True]",),
+        (f"{T_KERNELS}::test_the_trainer_fuses_its_optimizer_where_cuda_has_the_kernel[world_size=1-True]",),
     ),
     Mutant(
         "resume-takes-the-saved-kernels", "a resumed run keeps its own optimizer kernels",
@@ -1012,13 +1012,6 @@ MUTANTS = (
          "_exact",),
         equivalent="overlapping the count's all-reduce with the forward is a matter of speed: "
         "a blocking all-reduce agrees the same sums, and no CPU test can time the overlap",
-    ),
-    Mutant(
-        "fsdp-norm-of-this-ranks-shard", "every rank decides from the same norm", PARALLEL,
-        "            norm = norm.redistribute(placements=[Replicate()] * norm.device_mesh.ndim)\n",
-        "            pass\n",
-        (f"{T_PARALLEL}::test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at"
-         "_most[fsdp-1]",),
     ),
     Mutant(
         "clipping-reduces-the-norm-again", "one all-reduce for the norm and clipping", PARALLEL,
