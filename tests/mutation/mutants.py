@@ -925,7 +925,7 @@ MUTANTS = (
         "count-in-float32", "the target count is exact past 2**24", AGREEMENT,
         "count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)",
         "count = torch.full((1,), float(targets), dtype=torch.float32, device=self.device).double()",
-        ("tests/multiproc/test_step_agreement.py::test_the_agreement_sums_every_ranks_count"
+        ("tests/multiproc/test_agreement_across_ranks.py::test_the_agreement_sums_every_ranks_count"
          "_loss_and_stop_signal",),
     ),
     Mutant(
