@@ -33,18 +33,27 @@ class UserLoss(Objective):
     def count(self, batch: Any) -> torch.Tensor | int:
         if not self.exact:
             return batch_size(batch)
-        counter = getattr(self.fn, "count", None)
-        if callable(counter):
-            return counter(batch)
+        if self.counter is not None:
+            return self.counter(batch)
         try:
             return scored_count(targets_of(batch, self.name))
         except ConfigError:
             raise ConfigError(
                 f"loss: {self.name} returns (loss_sum, count), and refddp counts a batch's "
                 "targets before its forward from its labels (a dict's 'labels', a tuple's last "
-                f"element), which this batch lacks: give {self.name.split(':')[-1]} a "
-                "count(batch) attribute returning the count it divides by"
+                f"element), which this batch lacks: {self.count_hint}"
             ) from None
+
+    @property
+    def counter(self) -> Callable[[Any], Any] | None:
+        """The loss function's own ``count(batch)``, if it has one."""
+        counter = getattr(self.fn, "count", None)
+        return counter if callable(counter) else None
+
+    @property
+    def count_hint(self) -> str:
+        function = self.name.split(":")[-1]
+        return f"give {function} a count(batch) attribute returning the count it divides by"
 
     def loss(self, outputs: Any, batch: Any) -> LossTerms:
         found = self.fn(outputs, batch)
@@ -71,13 +80,11 @@ class UserLoss(Objective):
         if self.exact:
             returned, counted = float(found[1]), float(self.count(batch))
             if returned != counted:
-                how = "its count(batch)" if callable(getattr(self.fn, "count", None)) else (
-                    "its targets other than -100")  # fmt: skip
+                how = "its count(batch)" if self.counter else "its targets other than -100"
                 raise ConfigError(
                     f"loss: {self.name} returned a count of {returned:g} for the first batch, "
                     f"but {how} number {counted:g}; refddp counts each batch before its "
-                    f"forward: give {self.name.split(':')[-1]} a count(batch) attribute that "
-                    "returns the count it divides by"
+                    f"forward: {self.count_hint}"
                 )
 
     def describe(self) -> str:
