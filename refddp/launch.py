@@ -30,7 +30,9 @@ from refddp.dist import loopback_store, pin_gloo_to_loopback
 LOOPBACK_BACKEND = "refddp-loopback"
 CONFIG_ENV = "REFDDP_RESOLVED_CONFIG"  # the launcher's resolved config, as JSON, for its ranks
 LAUNCHED_ENV = "REFDDP_LAUNCHED"  # set in every rank this launcher starts
-USAGE_EXIT = 2
+KIND_KEY = "refddp_kind"  # in a rank's error file: which of the kinds below it records
+USAGE = "usage"
+AGREED_STOP = "agreed_stop"
 
 
 class _LoopbackRendezvous(DynamicRendezvousHandler):
@@ -123,14 +125,25 @@ def _stop_the_agent(signum: int, frame: object) -> None:
 
 
 def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
-    """One line per distinct user error the ranks recorded, else one line naming every failure."""
+    """One line per distinct user error the ranks recorded, one per stop the ranks agreed on,
+    else one line naming every failure."""
     failures = sorted(exc.failures.items())
-    usage = _usage_errors(failures)
+    usage = _recorded(failures, USAGE)
     if usage:
         # A rank refused its configuration; ranks that failed with it were waiting on it.
         for message, ranks in usage.items():
             print(f"error: {message} ({_ranks(ranks)})", file=sys.stderr)
         return 2
+    stops = _recorded(failures, AGREED_STOP)
+    if stops:
+        # Ranks that decided together to stop. The first to exit makes the agent end the rest,
+        # so a rank still tearing down reads "killed by SIGTERM": its record says it had stopped.
+        for message, ranks in stops.items():
+            print(f"error: {message} ({_ranks(ranks)})", file=sys.stderr)
+        stopped = {rank for ranks in stops.values() for rank in ranks}
+        failures = [(rank, failure) for rank, failure in failures if rank not in stopped]
+        if not failures:
+            return 1
     described = ", ".join(_describe(rank, failure) for rank, failure in failures)
     stacks_dir = os.path.join(out, "stacks")
     stacks = _stack_files(stacks_dir)
@@ -149,11 +162,11 @@ def _describe(rank: int, failure: ProcessFailure) -> str:
     return f"rank {rank} exit code {failure.exitcode}"
 
 
-def _usage_errors(failures: list[tuple[int, ProcessFailure]]) -> dict[str, list[int]]:
-    """The one-line user errors ranks recorded (exit code 2), each with the ranks that hit it."""
+def _recorded(failures: list[tuple[int, ProcessFailure]], kind: str) -> dict[str, list[int]]:
+    """The one-line errors of ``kind`` that ranks recorded, each with the ranks that did."""
     found: dict[str, list[int]] = {}
     for rank, failure in failures:
-        if failure.exitcode == USAGE_EXIT and isinstance(failure.message, str) and failure.message:
+        if failure.error_file_data.get(KIND_KEY) == kind and isinstance(failure.message, str):
             found.setdefault(failure.message, []).append(rank)
     return found
 
@@ -170,16 +183,19 @@ def _stack_files(stacks_dir: str) -> list[str]:
     return [n for n in names if os.path.getsize(os.path.join(stacks_dir, n)) > 0]
 
 
-def record_usage_error(message: str) -> bool:
-    """In a rank this launcher started, hand a one-line user error to the launcher to print.
+def record_error(message: str, kind: str) -> bool:
+    """In a rank this launcher started, hand a one-line error to the launcher to print.
 
-    Uses the error file torch's elastic agent gives each rank (``TORCHELASTIC_ERROR_FILE``),
-    so the message reaches the launcher whichever rank raised it. False when there is none
-    (a single process, plain torchrun): the caller prints the message itself.
+    ``kind``: ``USAGE`` (a refused configuration, exit code 2) or ``AGREED_STOP`` (every rank
+    decided to stop at the same point; recorded at the decision, before any teardown, since the
+    agent ends the other ranks as soon as one exits). Uses the error file torch's elastic agent
+    gives each rank (``TORCHELASTIC_ERROR_FILE``), so the message reaches the launcher whichever
+    rank raised it. False when there is none (a single process, plain torchrun): the caller
+    prints the message itself.
     """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or LAUNCHED_ENV not in os.environ:
         return False
     with open(path, "w") as f:
-        json.dump({"message": message, "timestamp": int(time.time())}, f)
+        json.dump({"message": message, "timestamp": int(time.time()), KIND_KEY: kind}, f)
     return True

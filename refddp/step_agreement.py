@@ -32,7 +32,15 @@ import torch.distributed as dist
 
 
 class NonFiniteStep(RuntimeError):
-    """A non-finite loss or gradient with ``on_nonfinite=stop``."""
+    """A non-finite loss or gradient with ``on_nonfinite=stop``, raised on every rank alike.
+
+    ``recorded``: the rank handed the message to refddp's launcher, which prints it once with
+    the ranks that stopped (a rank tearing down may be ended by the agent before it can print).
+    """
+
+    def __init__(self, message: str, recorded: bool = False):
+        super().__init__(message)
+        self.recorded = recorded
 
 
 class StopRequest:

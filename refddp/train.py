@@ -40,7 +40,7 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.launch import CONFIG_ENV, launch, record_usage_error
+from refddp.launch import CONFIG_ENV, USAGE, launch, record_error
 from refddp.models import build_model
 from refddp.slurm import srun_task
 from refddp.watchdog import HangWatchdog
@@ -224,10 +224,14 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                 )
     except ConfigError as exc:
         # Possibly raised on this rank alone: the launcher prints it naming the rank.
-        if not record_usage_error(str(exc)):
+        if not record_error(str(exc), USAGE):
             print(f"error: {'' if ctx.is_main else f'rank {ctx.rank}: '}{exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (NonFiniteStep, RankZeroError, ckpt.RunFileError) as exc:
+    except NonFiniteStep as exc:
+        if not exc.recorded and (ctx.is_main or c.log_all_ranks):  # else the launcher says it
+            print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (RankZeroError, ckpt.RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
         return 1

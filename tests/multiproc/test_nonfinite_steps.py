@@ -91,8 +91,7 @@ def test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line(run_cli, 
                    **{**tiny, **MARKED})  # fmt: skip
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    # The cause once (rank 0), then the launcher's account: every rank stopped, none hangs.
-    assert len(errors) == 2, done.stderr
-    assert re.fullmatch(rf"error: step \d+: {why}; stopping every rank \(on_nonfinite=stop\)",
-                        errors[0]), errors  # fmt: skip
-    assert "rank 0 exit code 1, rank 1 exit code 1" in errors[1], errors
+    # One line from the launcher: the cause, and every rank having stopped on it, none hung
+    # (whichever rank the agent ended while it tore down).
+    assert re.fullmatch(rf"error: step \d+: {why}; stopping every rank \(on_nonfinite=stop\) "
+                        r"\(ranks 0, 1\)", "\n".join(errors)), errors  # fmt: skip

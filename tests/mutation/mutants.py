@@ -888,6 +888,19 @@ MUTANTS = (
          "_losses_were",),
     ),
     Mutant(
+        "agreed-stop-recorded-after-teardown", "an agreed stop is one line naming every rank",
+        TRAINER, "recorded=record_error(said, AGREED_STOP))", "recorded=False)",
+        (f"{T_NONFINITE}::test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line"
+         "[inf-loss]",),
+    ),
+    Mutant(
+        "launcher-ignores-agreed-stops", "an agreed stop is one line naming every rank",
+        "refddp/launch.py", "    stops = _recorded(failures, AGREED_STOP)\n",
+        "    stops: dict[str, list[int]] = {}\n",
+        ("tests/unit/test_launcher_report.py::test_an_agreed_stop_is_one_line_naming_every_rank"
+         "_however_each_ended[ended-by-agent]",),
+    ),
+    Mutant(
         "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",
         AGREEMENT, "        dist.all_reduce(flag)\n", "        pass\n",
         (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
