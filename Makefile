@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test multiproc gpu lint bench stress mutation clean
+.PHONY: demo test multiproc gpu lint bench stress mutation compat clean
 
 # The demo needs refddp itself; the tests also every optional extra they exercise.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -49,8 +49,14 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/trainer_overhead.py
 	$(PY) benchmarks/step_overhead.py
 
+# Another torch: the compatibility subset in .venv-torch-$(TORCH) (docs/torch-versions.md).
+# CI runs the declared range's floor and top: TORCH=2.5.0, and TORCH=2.14.1 TORCHVISION=0.29.1.
+compat:
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=X.Y.Z [TORCHVISION=A.B.C]" >&2; exit 2; }
+	bash .ci/compat $(TORCH) $(TORCHVISION)
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-torch-* runs
 
 # Not part of CI: each curated mutant removes one mechanism; its tests must fail (docs/guarantees.md).
 mutation: $(VENV)/.installed-test

@@ -37,6 +37,8 @@ A format of ``refddp/checkpoint_formats.py``; its run state is a plain file of t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import os
 import pickle
 import re
@@ -46,6 +48,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.filesystem as _FILESYSTEM
 import torch.distributed.checkpoint.metadata as _METADATA
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
@@ -87,6 +90,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         allowed = "." not in name and (
             (module, name) in _ALLOWED
             or (module == _METADATA.__name__ and _defined_in(_METADATA, name))
+            # the per-file storage records (``_StorageInfo`` today), plain dataclasses
+            or (module == _FILESYSTEM.__name__ and _defined_in(_FILESYSTEM, name)
+                and dataclasses.is_dataclass(getattr(_FILESYSTEM, name)))
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         )
         if not allowed:
@@ -102,7 +108,6 @@ def _defined_in(module: Any, name: str) -> bool:
 _ALLOWED = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("collections", "OrderedDict"),
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
@@ -204,6 +209,17 @@ def load_run_state(path: str) -> dict[str, Any]:
     return state
 
 
+def _load_alone(tensors: dict[str, torch.Tensor], reader: FileSystemReader) -> None:
+    """``dcp.load`` in this process alone, even where a process group is up (init_from on rank
+    0): its ``no_dist`` option is torch >= 2.6; before, the older ``load_state_dict`` has it."""
+    if "no_dist" in inspect.signature(dcp.load).parameters:
+        dcp.load(tensors, storage_reader=reader, no_dist=True)
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)  # deprecated in favour of load
+        dcp.load_state_dict(tensors, storage_reader=reader, no_dist=True)
+
+
 def load_full(state: dict[str, Any]) -> dict[str, Any]:
     """The full-format checkpoint of a dcp run state, read in this process alone (no process
     group, any world size): the plain dict a ``checkpoint_latest.pth`` would hold."""
@@ -216,7 +232,7 @@ def load_full(state: dict[str, Any]) -> dict[str, Any]:
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         try:
-            dcp.load(tensors, storage_reader=_SafeReader(path), no_dist=True)
+            _load_alone(tensors, _SafeReader(path))
         except CheckpointException as exc:
             raise CheckpointError(f"{path}: cannot read its tensors ({_first(exc)})") from None
         except Exception as exc:  # noqa: BLE001 - a corrupt shard file: one line, not a traceback

@@ -99,7 +99,8 @@ class TrainConfig:
     data: str = _opt(
         "synthetic",
         "'synthetic' (generated from the seed), a .pt file holding "
-        "x and y (or train_x, train_y, val_x, val_y), or package.module:callable",
+        "x and y (or train_x, train_y, val_x, val_y), a directory of images (train/ and val/, "
+        "one subfolder per class; needs torchvision), or package.module:callable",
         resume=REFUSED,
         imports=True,
     )
@@ -132,7 +133,16 @@ class TrainConfig:
         resume=REFUSED,
         at_least=0,
     )
-    num_classes: int = _opt(4, "classes of the synthetic data", resume=REFUSED, at_least=2)
+    num_classes: int = _opt(
+        4, "classes of the data (an image folder: its class folders)", resume=REFUSED, at_least=2
+    )
+    image_size: int = _opt(
+        224,
+        "side of the square images an image folder yields (random-resized crops in training, "
+        "centre crops in validation)",
+        resume=REFUSED,
+        at_least=8,
+    )
     hidden_size: int = _opt(128, "width of the built-in models", resume=REFUSED, at_least=1)
     depth: int = _opt(2, "hidden layers of the built-in models", resume=REFUSED, at_least=0)
     epochs: int = _opt(5, "passes over the training data", resume=APPLIED, at_least=0)
@@ -498,6 +508,12 @@ def validate(c: TrainConfig) -> None:
         )
     if c.strategy == "fsdp" and c.sync_bn:
         raise ConfigError("sync_bn: not supported with --strategy fsdp yet; use --strategy ddp")
+    if c.strategy == "fsdp":
+        from refddp.torch_support import fsdp2_refused  # imports torch: only when asked
+
+        refused = fsdp2_refused()
+        if refused:
+            raise ConfigError(f"{refused}; use --strategy ddp")
     if c.profile:
         profile_window(c.profile)
     if c.amp != "off" and c.dtype == "float64":

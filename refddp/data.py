@@ -1,4 +1,5 @@
-"""Datasets (built-in synthetic, tensor file, user callable) and the samplers that shard them.
+"""Datasets (built-in synthetic, tensor file, image folder, user callable) and the samplers
+that shard them.
 
 Sharding contract: in epoch ``e`` the global order is one permutation of the training set
 (seeded by ``seed + e``, the same for every world size), cut into whole global batches; global
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from refddp.config import ConfigError, TrainConfig
+from refddp.image_folder import image_folders, is_image_folder
 from refddp.imports import is_import_path, load_callable
 from refddp.objectives.batches import IGNORE_INDEX
 from refddp.step_agreement import StopRequest
@@ -180,6 +182,8 @@ def build_datasets(config: TrainConfig | dict[str, Any]) -> tuple[Dataset, Datas
         return synthetic(c)
     if c.data.endswith((".pt", ".pth")):
         return from_tensor_file(c)
+    if is_image_folder(c.data):
+        return image_folders(c)
     if is_import_path(c.data):
         result = load_callable(c.data, "data")(c)
         if not (isinstance(result, tuple | list) and len(result) == 2):
@@ -191,7 +195,10 @@ def build_datasets(config: TrainConfig | dict[str, Any]) -> tuple[Dataset, Datas
                     "(with __len__ and __getitem__)"
                 )
         return result[0], result[1]
-    raise ConfigError(f"data: {c.data!r} is not 'synthetic', a .pt file or package.module:callable")
+    raise ConfigError(
+        f"data: {c.data!r} is not 'synthetic', a .pt file, a directory of images "
+        "(train/ and val/ class folders) or package.module:callable"
+    )
 
 
 class GlobalBatchSampler(DistributedSampler):

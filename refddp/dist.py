@@ -78,14 +78,26 @@ def loopback_store(timeout_s: float = 300.0) -> dist.TCPStore:
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = sock.getsockname()[1]
+    try:
+        try:
+            return _store_on(sock, port, timeout_s, use_libuv=True)
+        except NotImplementedError:
+            # torch < 2.6: only the legacy backend starts from a listening socket. (A copy of
+            # the socket is handed over each time: the refused one may or may not be closed.)
+            return _store_on(sock, port, timeout_s, use_libuv=False)
+    finally:
+        sock.close()  # the store holds its own copy
+
+
+def _store_on(sock: socket.socket, port: int, timeout_s: float, use_libuv: bool) -> dist.TCPStore:
     return dist.TCPStore(
         "127.0.0.1",
         port,
         is_master=True,
-        master_listen_fd=sock.detach(),
+        master_listen_fd=os.dup(sock.fileno()),
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
-        use_libuv=True,
+        use_libuv=use_libuv,
     )
 
 

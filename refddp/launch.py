@@ -86,6 +86,10 @@ def launch(
     Ranks get their settings through ``env`` (the trainer passes the config it already resolved
     and checked), so they never re-parse the command line and all agree on it.
     """
+    refused = launcher_refused()
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 1
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -119,6 +123,24 @@ def launch(
     return 0
 
 
+def launcher_refused() -> str | None:
+    """None where this torch has the torchrun internals the launcher builds on (undocumented,
+    present from torch 2.5 to at least 2.14), else the one line that says to use torchrun."""
+    import torch
+    import torch.distributed.run as run
+
+    missing = [name for name in ("parse_args", "config_from_args") if not hasattr(run, name)]
+    if not hasattr(DynamicRendezvousHandler, "_create_tcp_store_server"):
+        missing.append("DynamicRendezvousHandler._create_tcp_store_server")
+    if not missing:
+        return None
+    return (
+        f"--nproc: this torch ({torch.__version__}) lacks {', '.join(missing)}, which refddp's "
+        "launcher needs (to keep a local job on 127.0.0.1); start the ranks with torchrun "
+        "--nproc-per-node N -m refddp.train instead"
+    )
+
+
 def _stop_the_agent(signum: int, frame: object) -> None:
     """As torch's agent handles SIGTERM: it then sends the signal to every rank and waits."""
     raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
@@ -136,10 +158,11 @@ def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
         return 2
     stops = _recorded(failures, AGREED_STOP)
     if stops:
-        # Ranks that decided together to stop. The first to exit makes the agent end the rest,
-        # so a rank still tearing down reads "killed by SIGTERM": its record says it had stopped.
-        for message, ranks in stops.items():
-            print(f"error: {message} ({_ranks(ranks)})", file=sys.stderr)
+        # Every rank decided to stop, together. The first to exit makes the agent end the rest,
+        # so a rank still tearing down reads "killed by SIGTERM" (or, on torch < 2.6, is not
+        # among the failures at all): its record says it had stopped, and the line is the cause.
+        for message in stops:
+            print(f"error: {message}", file=sys.stderr)
         stopped = {rank for ranks in stops.values() for rank in ranks}
         failures = [(rank, failure) for rank, failure in failures if rank not in stopped]
         if not failures:

@@ -225,9 +225,10 @@ def _compile_forward(block: nn.Module, index: int) -> None:
 def runs_in_lockstep(model: nn.Module) -> bool:
     """True when every forward is a collective (FSDP gathers parameters): ranks must then run
     the same number of forwards, even over shards of different lengths."""
-    from torch.distributed.fsdp import FSDPModule
+    import torch.distributed.fsdp as fsdp
 
-    return isinstance(model, FSDPModule)
+    module = getattr(fsdp, "FSDPModule", None)  # torch >= 2.6 (refddp's FSDP needs it)
+    return module is not None and isinstance(model, module)
 
 
 def fsdp_blocks(model: nn.Module) -> list[nn.Module]:

@@ -34,6 +34,14 @@ class StepProfiler:
         self.trace = os.path.join(self.directory, f"rank{rank}.json")
         self.snapshot = os.path.join(self.directory, f"rank{rank}_memory.pickle")
         self.cuda = device.type == "cuda"
+        # The allocator's snapshot is documented under private names (pytorch.org/memory_viz).
+        memory = getattr(torch.cuda, "memory", None)
+        self.snapshots = self.cuda and all(
+            hasattr(memory, name) for name in ("_record_memory_history", "_dump_snapshot")
+        )
+        if self.cuda and not self.snapshots and rank == 0:
+            log.warning("profile: this torch (%s) takes no CUDA memory snapshot; writing the "
+                        "trace alone", torch.__version__)  # fmt: skip
         self._profile: Any = None
         self._step: Any = None  # the record_function of the step being profiled
 
@@ -52,7 +60,7 @@ class StepProfiler:
 
     def _begin(self) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        if self.cuda:
+        if self.snapshots:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
         self._profile = profile(activities=activities, record_shapes=True, profile_memory=True)
         self._profile.__enter__()
@@ -73,7 +81,7 @@ class StepProfiler:
         with writing(self.directory):
             os.makedirs(self.directory, exist_ok=True)
         _write_atomically(self.trace, prof.export_chrome_trace)
-        if self.cuda:
+        if self.snapshots:
             _write_atomically(self.snapshot, torch.cuda.memory._dump_snapshot)
             torch.cuda.memory._record_memory_history(enabled=None)
         log.info("profile of steps %d-%d written to %s", self.start, self.end, self.trace)

@@ -112,21 +112,31 @@ def save_atomic(state: dict[str, Any], path: str) -> None:
     """Write the checkpoint file ``path`` so that a crash at any moment leaves the old intact."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, temp_name("." + os.path.basename(path)))
-    # torch.load never checks the zip's CRC32s (a flipped byte loads silently), and computing
-    # them costs ~a quarter of a large save (benchmarks/checkpoint_io.py): skip them.
-    crc32 = torch.serialization.get_crc32_options()
+    with writing(f"checkpoint {path}"), _without_crc32():
+        try:
+            with open(tmp, "wb") as f:
+                torch_save(state, f)
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        fsync_path(directory)
+
+
+@contextlib.contextmanager
+def _without_crc32() -> Iterator[None]:
+    """torch.load never checks the zip's CRC32s (a flipped byte loads silently), and computing
+    them costs ~a quarter of a large save (benchmarks/checkpoint_io.py): skip them where torch
+    lets us (``set_crc32_options``, torch >= 2.6; before, the save computes them)."""
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    if get is None:
+        yield
+        return
+    crc32 = get()
     torch.serialization.set_crc32_options(False)
     try:
-        with writing(f"checkpoint {path}"):
-            try:
-                with open(tmp, "wb") as f:
-                    torch_save(state, f)
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
-            fsync_path(directory)
+        yield
     finally:
         torch.serialization.set_crc32_options(crc32)
 

@@ -169,7 +169,7 @@ def build_state(
     return {
         "format_version": FORMAT_VERSION,
         **weights,
-        "scheduler_state_dict": parts.schedule.state_dict(pos.step),
+        "scheduler_state_dict": parts.schedule.state_dict(),
         "scaler_state_dict": parts.scaler.state_dict(),
         "epoch": epoch,
         "step": pos.step,

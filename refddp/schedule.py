@@ -1,21 +1,21 @@
 """The learning rate at each step: ``lr × lr_factor(step)``, a linear warm-up, then cosine to
-zero or constant.
+zero or constant, through torch's own ``LambdaLR``.
 
-The trainer sets it on the optimizer's parameter groups itself rather than through a torch
-``LRScheduler``: the schedule's only state is the step, which the checkpoint holds anyway, so a
-resumed run takes its rate from the step and this invocation's ``lr``, ``lr_schedule`` and
-``warmup_steps`` (all applied on resume), and a step whose rate does not change (a constant
-schedule after its warm-up) costs a comparison. The checkpoint's ``scheduler_state_dict`` keeps
-the layout torch's ``LambdaLR`` gives it.
+A resumed run takes its rate from the step and this invocation's ``lr``, ``lr_schedule`` and
+``warmup_steps`` (all applied on resume): the scheduler is rebuilt at the checkpoint's step
+rather than loaded, so a changed ``lr`` takes effect. The checkpoint's
+``scheduler_state_dict`` is ``LambdaLR``'s own (refddp reads only the step back).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from refddp.config import TrainConfig
 
@@ -38,11 +38,9 @@ class Schedule:
     """``c.lr × lr_factor(step)`` on every parameter group of ``optimizer``."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, c: TrainConfig, total_steps: int):
-        self.optimizer = optimizer  # its param_groups: load_state_dict replaces the list
+        self.optimizer = optimizer
         self.lr = c.lr
         self.factor = lr_factor(c, total_steps)
-        # The last step whose rate can differ from its predecessor's (cosine: the last step)
-        self.last_change = c.warmup_steps if c.lr_schedule == "constant" else total_steps
         self.reset(0)
 
     def rate(self, step: int) -> float:
@@ -50,28 +48,23 @@ class Schedule:
         return self.lr * self.factor(step)
 
     def reset(self, step: int) -> None:
-        """The base rate (where torch's schedulers keep it) and step ``step``'s rate on every
-        group: at the start, and on resume over the groups ``load_state_dict`` installed (the
-        steps after may leave the rate alone)."""
+        """Step ``step``'s rate on every group, from this invocation's ``lr``: at the start, and
+        on resume over the groups the optimizer's ``load_state_dict`` installed."""
         for group in self.optimizer.param_groups:
-            group["initial_lr"] = self.lr
-        self.at(step)
-
-    def at(self, step: int) -> None:
-        """Set the rate for step ``step`` (counted from 0): the next one the optimizer takes."""
-        lr = self.rate(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["initial_lr"] = self.lr  # LambdaLR's base rate, which it needs to start late
+        # LambdaLR's first step (in its constructor) moves it to last_epoch + 1 = step.
+        self.scheduler = LambdaLR(self.optimizer, self.factor, last_epoch=step - 1)
 
     def advance(self, step: int) -> None:
-        """``at(step)`` after step ``step - 1``: nothing to do once the rate stays put."""
-        if step <= self.last_change:
-            self.at(step)
+        """Set the rate of step ``step`` (counted from 0), once step ``step - 1`` is done."""
+        if self.scheduler.last_epoch + 1 != step:
+            raise RuntimeError(f"schedule at step {self.scheduler.last_epoch}, asked for {step}")
+        with warnings.catch_warnings():
+            # LambdaLR warns when no optimizer step came first: here a skipped update (a
+            # non-finite step, fp16's overflow), which is no misuse.
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
 
-    def state_dict(self, step: int) -> dict[str, Any]:
-        """The schedule at ``step``, as torch's ``LambdaLR`` saves itself (the checkpoint's
-        ``scheduler_state_dict``; refddp reads only the step back, from the checkpoint)."""
-        n = len(self.optimizer.param_groups)
-        return {"base_lrs": [self.lr] * n, "last_epoch": step, "_step_count": step + 1,
-                "_is_initial": False, "_get_lr_called_within_step": False,
-                "_last_lr": [self.rate(step)] * n, "lr_lambdas": [None] * n}  # fmt: skip
+    def state_dict(self) -> dict[str, Any]:
+        """``LambdaLR``'s state, the checkpoint's ``scheduler_state_dict``."""
+        return self.scheduler.state_dict()

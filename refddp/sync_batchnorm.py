@@ -36,14 +36,20 @@ def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return _SumOverRanks.apply(x)
 
 
-class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
+# torch's batch norms (SyncBatchNorm too) share a private base, which has no public name; on a
+# torch without it, the public ones are found and GlobalBatchNorm builds on BatchNorm2d.
+_BASE = getattr(nn.modules.batchnorm, "_BatchNorm", None)
+BATCH_NORMS = (_BASE,) if _BASE is not None else (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class GlobalBatchNorm(_BASE or nn.BatchNorm2d):  # type: ignore[misc]
     """A BatchNorm whose training statistics are those of the batch over all ranks.
 
     Its parameters and buffers are BatchNorm's, under the same names: checkpoints load into the
     plain model (``nn.BatchNorm1d``/``2d``) in any process.
     """
 
-    def _check_input_dim(self, input: torch.Tensor) -> None:
+    def _check_input_dim(self, input: torch.Tensor) -> None:  # the base's hook: any rank >= 2
         if input.dim() < 2:
             raise ValueError(f"expected at least 2-D input, got {input.dim()}-D")
 
@@ -82,7 +88,7 @@ def convert_sync_batchnorm(model: nn.Module) -> nn.Module:
     On GPUs torch's own ``SyncBatchNorm`` does the same job; this one is used everywhere so a
     run's numbers do not depend on the device kind.
     """
-    if isinstance(model, nn.modules.batchnorm._BatchNorm) and not isinstance(
+    if isinstance(model, BATCH_NORMS) and not isinstance(
         model, GlobalBatchNorm
     ):
         like = next(t for t in model.state_dict().values() if t.is_floating_point())

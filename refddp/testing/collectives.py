@@ -112,9 +112,7 @@ def _group_ranks(group: Any) -> list[int] | None:
     """None for the default group (however it was named), else the group's global ranks."""
     import torch.distributed as dist
 
-    if group is None or group is dist.group.WORLD:
-        return None
-    if group is dist.distributed_c10d._get_default_group():
+    if group is None or group is dist.group.WORLD:  # WORLD: the default group itself
         return None
     return list(dist.get_process_group_ranks(group))
 
@@ -322,7 +320,7 @@ def process_group_sequence() -> int | None:
 
     if not dist.is_initialized():
         return None
-    group = dist.distributed_c10d._get_default_group()
+    group = dist.group.WORLD
     try:
         return int(group._get_sequence_number_for_group())
     except (AttributeError, RuntimeError):

@@ -25,7 +25,9 @@ def _group_names() -> dict[str, object]:
 
     if not dist.is_initialized():
         return {}
-    return {name: pg for pg, name in dist.distributed_c10d._world.pg_names.items()}
+    # torch lists live groups only privately; on a torch without the list, none is cleaned up.
+    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None) or {}
+    return {name: pg for pg, name in names.items()}
 
 
 def _cuda_bytes() -> int:

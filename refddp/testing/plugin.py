@@ -207,6 +207,11 @@ def _run_on_ranks(
     nnodes: int | None = None,
 ) -> list[Any]:
     __tracebackhide__ = True
+    from refddp.torch_support import floor_refused
+
+    refused = floor_refused()
+    if refused:  # the one line, not a failure deep inside torch
+        pytest.fail(f"refddp.testing: {refused}", pytrace=False)
     from refddp.testing.context import RankSkipped
     from refddp.testing.gpus import gpu_skip_reason, lease_devices, release_devices
     from refddp.testing.nodes import layout

@@ -14,6 +14,7 @@ import torch
 from refddp import checkpoint_dcp, convert_checkpoint
 from refddp.checkpoint import LATEST
 from tests.rank_tasks import fit_full_weights, fit_then_save_full, fit_with_a_failing_dcp_save
+from tests.torch_features import FSDP, needs_fsdp2
 
 CLOSE = {"rtol": 1e-9, "atol": 1e-12}  # float64: reduction order only
 
@@ -40,7 +41,7 @@ def latest_dcp(out):
     return os.path.join(out, "checkpoints", checkpoint_dcp.LATEST)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+@pytest.mark.parametrize("strategy", [FSDP, "ddp"])
 def test_dcp_resume_mid_epoch_is_bit_identical(spawn, tmp_path, strategy):
     flags = dict(strategy=strategy, ckpt_every=2)
     straight = spawn(fit_full_weights, str(tmp_path / "a"), world_size=2, **flags)[0]
@@ -54,6 +55,7 @@ def test_dcp_resume_mid_epoch_is_bit_identical(spawn, tmp_path, strategy):
     assert_same(resumed["optimizer"], straight["optimizer"])
 
 
+@needs_fsdp2
 def test_dcp_resume_reshards_across_world_sizes_and_strategies(spawn, tmp_path):
     flags = dict(global_batch_size=12, ckpt_format="dcp")  # 8 steps per epoch, 16 in all
     straight = spawn(fit_full_weights, str(tmp_path / "a"), world_size=2, strategy="fsdp",
@@ -70,7 +72,7 @@ def test_dcp_resume_reshards_across_world_sizes_and_strategies(spawn, tmp_path):
     assert_same(last["optimizer"], straight["optimizer"], **CLOSE)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+@pytest.mark.parametrize("strategy", [FSDP, "ddp"])
 def test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run(
     spawn, tmp_path, capsys, strategy
 ):
@@ -98,6 +100,7 @@ def test_a_converted_dcp_checkpoint_is_the_full_checkpoint_of_the_same_run(
     assert len(err) == 1 and err[0].startswith("error: cannot write") and "dir.pth" in err[0]
 
 
+@needs_fsdp2
 def test_a_failed_dcp_save_leaves_latest_on_the_previous_complete_checkpoint(spawn, tmp_path):
     flags = dict(strategy="fsdp", ckpt_every=2)
     reference = tmp_path / "ref"
@@ -114,6 +117,7 @@ def test_a_failed_dcp_save_leaves_latest_on_the_previous_complete_checkpoint(spa
     assert not (out / "checkpoints" / "checkpoint_step00000004.dcp").exists()
 
 
+@needs_fsdp2
 def test_a_checkpoint_missing_a_shard_file_is_never_resumed_from(spawn, tmp_path, capsys):
     # A rank whose --out is not shared writes its shards elsewhere: latest misses a file.
     flags = dict(strategy="fsdp", ckpt_every=2, ckpt_format="dcp")

@@ -19,6 +19,9 @@ from tests.rank_tasks import (
     fit_full_weights,
     fit_signalled_after_step,
 )
+from tests.torch_features import needs_fsdp2
+
+pytestmark = needs_fsdp2
 
 STEPS_CLOSE = {"rtol": 1e-9, "atol": 1e-12}  # float64: reduction order only
 

@@ -11,6 +11,7 @@ from tests.rank_tasks import (
     fit_full_weights_where_cuda_fuses,
     optimizer_where_cuda_fuses,
 )
+from tests.torch_features import needs_fsdp2
 
 ROUNDING = {"rtol": 1e-9, "atol": 1e-12}  # float64: fused and foreach kernels round apart
 
@@ -22,7 +23,7 @@ def test_the_trainer_fuses_its_optimizer_where_cuda_has_the_kernel(spawn, tmp_pa
     assert result["fused"] == [fuses], result
 
 
-@pytest.mark.parametrize("strategy, ckpt_format", [("ddp", "full"), ("fsdp", "dcp")])
+@pytest.mark.parametrize("strategy, ckpt_format", [("ddp", "full"), pytest.param("fsdp", "dcp", marks=needs_fsdp2)])
 def test_a_run_resumes_with_this_invocations_optimizer_kernels(
     spawn, tmp_path, strategy, ckpt_format
 ):

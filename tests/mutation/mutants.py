@@ -19,6 +19,7 @@ class Mutant:
     replacement: str
     tests: tuple[str, ...]
     equivalent: str = ""
+    needs: str = ""  # a module its tests need (they skip without it): judged only where it imports
 
 
 DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
@@ -56,6 +57,7 @@ PROFILER, T_PROFILER = "refddp/profiler.py", "tests/multiproc/test_profiler.py"
 T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
 BATCHES = "refddp/objectives/batches.py"
+IMAGE_FOLDER = "refddp/image_folder.py"
 
 MUTANTS = (
     Mutant(
@@ -165,23 +167,15 @@ MUTANTS = (
     ),
     Mutant(
         "lr-never-advances", "the learning-rate schedule", SCHEDULE,
-        "        if step <= self.last_change:\n            self.at(step)", "        pass",
+        "            self.scheduler.step()", "            pass",
         (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
          "_state[cosine]",),
     ),
     Mutant(
-        "cosine-stops-after-warmup", "the learning-rate schedule", SCHEDULE,
-        'self.last_change = c.warmup_steps if c.lr_schedule == "constant" else total_steps',
-        "self.last_change = c.warmup_steps",
-        (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
-         "_state[cosine]",),
-    ),
-    Mutant(
-        "schedule-sets-stale-groups", "the learning-rate schedule after a resume", SCHEDULE,
-        "        self.optimizer = optimizer  # its param_groups",
-        '        self.optimizer = type("Stale", (), {"param_groups": optimizer.param_groups})()'
-        "  # its param_groups",
-        (f"{T_SCHEDULE}::test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state",),
+        "schedule-restarts-at-step-0", "the learning-rate schedule after a resume", SCHEDULE,
+        "last_epoch=step - 1)", "last_epoch=-1)",
+        (f"{T_SCHEDULE}::test_a_resumed_schedule_takes_its_rate_from_the_step_and_this"
+         "_invocations_lr",),
     ),
     Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
@@ -564,6 +558,62 @@ MUTANTS = (
          "_applicable",),
     ),
     Mutant(
+        "libuv-store-only", "the harness and the launcher start on torch 2.5", DIST,
+        "            return _store_on(sock, port, timeout_s, use_libuv=False)",
+        "            raise",
+        ("tests/unit/test_older_torch.py::test_the_loopback_store_starts_where_libuv_takes_no"
+         "_listening_socket",),
+    ),
+    Mutant(
+        "dcp-read-with-a-group-on-torch-2-5", "a dcp checkpoint is read in one process alone",
+        CKPT_DCP, "    if \"no_dist\" in inspect.signature(dcp.load).parameters:",
+        "    if True:",
+        ("tests/unit/test_older_torch.py::test_a_dcp_checkpoint_is_read_alone_where_load_has_no"
+         "_no_dist",),
+    ),
+    Mutant(
+        "fsdp-on-a-torch-without-fully-shard", "a feature this torch lacks is one line",
+        "refddp/torch_support.py",
+        "    if hasattr(fsdp, \"fully_shard\") and hasattr(fsdp, \"FSDPModule\"):",
+        "    if True:",
+        ("tests/unit/test_torch_support.py::test_fsdp_on_a_torch_without_public_fully_shard_is"
+         "_one_line_naming_the_version",),
+    ),
+    Mutant(
+        "launcher-without-its-internals", "a feature this torch lacks is one line",
+        "refddp/launch.py", "    if not missing:\n        return None",
+        "    if True:\n        return None",
+        ("tests/unit/test_launcher_report.py::test_a_torch_without_the_launchers_internals_is"
+         "_told_to_use_torchrun",),
+    ),
+    Mutant(
+        "private-name-unlisted", "every private torch name is listed with its reason",
+        "docs/known-limitations.md", "- A device mesh's `_pg_registry` (`refddp/dist.py`",
+        "- A device mesh's registry (`refddp/dist.py`",
+        ("tests/unit/test_private_names.py::test_every_private_name_refddp_uses_is_listed_with"
+         "_its_reason",),
+    ),
+    Mutant(
+        "image-folder-classes-unchecked", "an image folder's splits have the same classes",
+        IMAGE_FOLDER, "    if train.classes != val.classes:", "    if False:",
+        ("tests/unit/test_image_folder.py::test_a_bad_image_folder_is_one_line_naming_what_to_fix",),
+        needs="torchvision",
+    ),
+    Mutant(
+        "image-validation-augmented", "validation images are not augmented", IMAGE_FOLDER,
+        'transform=_transforms(v2, c.image_size, split == "train")',
+        "transform=_transforms(v2, c.image_size, True)",
+        ("tests/unit/test_image_folder.py::test_training_augmentation_is_drawn_per_sample_from_the_seed",),
+        needs="torchvision",
+    ),
+    Mutant(
+        "harness-below-the-floor-fails-deep-in-torch", "a torch below the floor is one line",
+        "refddp/testing/plugin.py", "    if refused:  # the one line, not a failure deep inside torch",
+        "    if False:",
+        ("tests/unit/test_plugin.py::test_on_a_torch_below_the_floor_each_distributed_test_fails"
+         "_in_one_line",),
+    ),
+    Mutant(
         "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
         "refddp/launch.py", "previous = signal.signal(signal.SIGUSR1, _stop_the_agent)",
         "previous = signal.getsignal(signal.SIGUSR1)",
@@ -888,17 +938,17 @@ MUTANTS = (
          "_losses_were",),
     ),
     Mutant(
-        "agreed-stop-recorded-after-teardown", "an agreed stop is one line naming every rank",
+        "agreed-stop-recorded-after-teardown", "an agreed stop is one line, its cause",
         TRAINER, "recorded=record_error(said, AGREED_STOP))", "recorded=False)",
         (f"{T_NONFINITE}::test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line"
          "[inf-loss]",),
     ),
     Mutant(
-        "launcher-ignores-agreed-stops", "an agreed stop is one line naming every rank",
+        "launcher-ignores-agreed-stops", "an agreed stop is one line, its cause",
         "refddp/launch.py", "    stops = _recorded(failures, AGREED_STOP)\n",
         "    stops: dict[str, list[int]] = {}\n",
-        ("tests/unit/test_launcher_report.py::test_an_agreed_stop_is_one_line_naming_every_rank"
-         "_however_each_ended[ended-by-agent]",),
+        ("tests/unit/test_launcher_report.py::test_an_agreed_stop_is_one_line_however_each_rank"
+         "_ended[ended-by-agent]",),
     ),
     Mutant(
         "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from tests.mutation.mutants import MUTANTS, Mutant  # noqa: E402
 
 IGNORED = shutil.ignore_patterns(
-    ".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".hypothesis", "*.egg-info"
+    ".git", ".venv*", "runs", "__pycache__", ".pytest_cache", ".hypothesis", "*.egg-info"
 )
 TEST_TIMEOUT_S = 300  # one mutant's few tests: past it, the mutant hung them (killed)
 BASELINE_TIMEOUT_S = 3600  # every mutant's tests at once, one after another
@@ -48,6 +48,14 @@ def run_tests(tree: Path, tests: tuple[str, ...] | list[str],
         return -1, time.monotonic() - start, "timed out"
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     return proc.returncode, time.monotonic() - start, tail[-1] if tail else ""
+
+
+def imports(module: str) -> bool:
+    """``module`` ("" for none) imports in this python (a failed import of any kind: no)."""
+    if not module:
+        return True
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+    return probe.returncode == 0
 
 
 def outcome(returncode: int, mutant: Mutant) -> str:
@@ -110,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         results = []
         for m in mutants:
-            original = apply(tree, m)
-            if original is None:
+            if not imports(m.needs):
+                results.append({"name": m.name, "outcome": f"NEEDS {m.needs}", "seconds": 0.0,
+                                "detail": f"{m.needs} does not import here: its tests skip"})  # fmt: skip
+            elif (original := apply(tree, m)) is None:
                 results.append({"name": m.name, "outcome": "NOT APPLICABLE", "seconds": 0.0,
                                 "detail": f"snippet not found exactly once in {m.file}"})  # fmt: skip
             else:
@@ -125,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['outcome']:24} {m.name:40} {r['seconds']:6.1f} s  {r['detail']}",
                   flush=True)  # fmt: skip
 
-    judged = [r for r in results if r["outcome"] != "NOT APPLICABLE"]
+    unjudged = [r["name"] for r in results if r["outcome"].startswith("NEEDS")]
+    judged = [r for r in results
+              if r["outcome"] != "NOT APPLICABLE" and r["name"] not in unjudged]  # fmt: skip
     killed = sum(r["outcome"] == "killed" for r in judged)
     equivalent = sum(r["outcome"] == "survived (equivalent)" for r in judged)
     missing = [r["name"] for r in results if r["outcome"] == "NOT APPLICABLE"]
@@ -135,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("NOT APPLICABLE (update their snippets in tests/mutation/mutants.py): "
               + ", ".join(missing))  # fmt: skip
+    if unjudged:
+        print("not judged here (a module their tests need does not import; run them with a "
+              "python that has it, e.g. .venv-torch-2.14.1/bin/python): " + ", ".join(unjudged))
     if bad:
         print("SURVIVED or ERROR: " + ", ".join(bad))
     if args.json:

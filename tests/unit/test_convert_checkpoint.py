@@ -1,6 +1,7 @@
 """``python -m refddp.convert_checkpoint`` on bad input, and reading a dcp checkpoint without
 running code (DCP itself unpickles its ``.metadata`` freely; refddp does not)."""
 
+import inspect
 import os
 import pickle
 
@@ -10,6 +11,10 @@ import torch.distributed.checkpoint as dcp
 
 from refddp import checkpoint_dcp, convert_checkpoint
 from refddp.checkpoint import CheckpointError, RunFileError, load_full_checkpoint
+
+# dcp.save in this process alone: its no_dist option is torch >= 2.6; before, it saves alone
+# whenever no process group is up, as here.
+ALONE = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
 
 
 def error_line(capsys) -> str:
@@ -56,16 +61,22 @@ def test_a_metadata_file_that_would_run_code_is_refused_and_runs_nothing(tmp_pat
     (checkpoint / ".metadata").write_bytes(dotted)
     with pytest.raises(CheckpointError, match="refused"):
         checkpoint_dcp.read_metadata(str(checkpoint))
+    # Of DCP's filesystem module, only its plain dataclasses (the storage records) are allowed.
+    module = b"torch.distributed.checkpoint.filesystem"
+    writer = b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c\x10FileSystemWriter\x93."
+    (checkpoint / ".metadata").write_bytes(writer)
+    with pytest.raises(CheckpointError, match="refused.*FileSystemWriter"):
+        checkpoint_dcp.read_metadata(str(checkpoint))
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_dcp_checkpoint_holding_pickled_objects_is_refused(tmp_path):
     state = {"model/w": torch.ones(2), "extra": {"note": "a pickled object in DCP"}}
-    dcp.save(state, checkpoint_id=str(tmp_path / "x.dcp"), no_dist=True)
+    dcp.save(state, checkpoint_id=str(tmp_path / "x.dcp"), **ALONE)
     with pytest.raises(CheckpointError, match="holds pickled objects"):
         checkpoint_dcp.read_metadata(str(tmp_path / "x.dcp"))
     # A checkpoint of tensors only reads: the allow-list covers what DCP's metadata holds.
-    dcp.save({"model/w": torch.ones(2)}, checkpoint_id=str(tmp_path / "y.dcp"), no_dist=True)
+    dcp.save({"model/w": torch.ones(2)}, checkpoint_id=str(tmp_path / "y.dcp"), **ALONE)
     assert list(checkpoint_dcp.read_metadata(str(tmp_path / "y.dcp")).state_dict_metadata) == [
         "model/w"
     ]
@@ -73,7 +84,7 @@ def test_a_dcp_checkpoint_holding_pickled_objects_is_refused(tmp_path):
 
 def a_dcp_checkpoint(path, w, layout=None):
     """A minimal refddp dcp checkpoint of one tensor ``model/w``, written in this process."""
-    dcp.save({"model/w": w}, checkpoint_id=str(path), no_dist=True)
+    dcp.save({"model/w": w}, checkpoint_id=str(path), **ALONE)
     run_state = {
         "optimizer_state_dict": {"param_groups": []}, "scaler_state_dict": {}, "epoch": 0,
         "step": 1, "world_size": 1, "config": {}, "metrics": {},

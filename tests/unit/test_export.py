@@ -149,7 +149,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
         ([str(tmp_path / "empty.dcp"), out], "empty.dcp: not a dcp checkpoint"),
         ([source, str(tmp_path / "no" / "m")], "does not exist"),
         ([source, str(tmp_path) + os.sep], "name the output file"),
-        ([source, out, "--hf"], "is not a transformers.PreTrainedModel"),
+        ([source, out, "--hf"], "is not a transformers.PreTrainedModel" if _has("transformers")
+         else "--hf needs transformers: pip install transformers"),
         ([source, out, "--model", "cnn"], "does not fit this model"),
         ([source], "arguments are required: out"),
         ([source, out, "--unknown"], "unrecognized arguments: --unknown"),

@@ -35,14 +35,14 @@ def _report(tmp_path, capsys, *failures) -> tuple[int, list[str]]:
 
 
 @pytest.mark.parametrize("rank0_end", [1, -signal.SIGTERM], ids=["exited", "ended-by-agent"])
-def test_an_agreed_stop_is_one_line_naming_every_rank_however_each_ended(
+def test_an_agreed_stop_is_one_line_however_each_rank_ended(
     tmp_path, capsys, rank0_end
 ):
     code, lines = _report(tmp_path, capsys,
                           _failure(tmp_path, 0, rank0_end, (STOP, launch.AGREED_STOP)),
                           _failure(tmp_path, 1, 1, (STOP, launch.AGREED_STOP)))  # fmt: skip
     assert code == 1
-    assert lines == [f"error: {STOP} (ranks 0, 1)"]
+    assert lines == [f"error: {STOP}"]
 
 
 def test_a_rank_that_did_not_record_the_stop_is_named_by_how_it_ended(tmp_path, capsys):
@@ -50,7 +50,7 @@ def test_a_rank_that_did_not_record_the_stop_is_named_by_how_it_ended(tmp_path, 
                           _failure(tmp_path, 0, -signal.SIGTERM, None),
                           _failure(tmp_path, 1, 1, (STOP, launch.AGREED_STOP)))  # fmt: skip
     assert code == 1
-    assert lines[0] == f"error: {STOP} (rank 1)"
+    assert lines[0] == f"error: {STOP}"
     assert lines[1].startswith("error: training failed: rank 0 killed by SIGTERM;"), lines
 
 
@@ -60,3 +60,16 @@ def test_usage_errors_come_first_with_exit_code_2(tmp_path, capsys):
                           _failure(tmp_path, 1, -signal.SIGTERM, None))  # fmt: skip
     assert code == 2
     assert lines == ["error: data: file not found: x.pt (rank 0)"]
+
+
+def test_a_torch_without_the_launchers_internals_is_told_to_use_torchrun(monkeypatch, capsys):
+    import torch.distributed.run
+
+    monkeypatch.delattr(torch.distributed.run, "config_from_args")
+    monkeypatch.delattr(launch.DynamicRendezvousHandler, "_create_tcp_store_server")
+    assert launch.launch("refddp.train", {}, 2, 0, "unused", job="training") == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --nproc: this torch"), lines
+    assert "lacks config_from_args, DynamicRendezvousHandler._create_tcp_store_server" in lines[0]
+    assert lines[0].endswith("start the ranks with torchrun --nproc-per-node N -m refddp.train "
+                             "instead")  # fmt: skip

@@ -93,6 +93,20 @@ def test_a_session_without_distributed_tests_never_imports_torch(pytester):
     assert (pytester.path / "torch_imported.txt").read_text() == "False"
 
 
+def test_on_a_torch_below_the_floor_each_distributed_test_fails_in_one_line(pytester):
+    pytester.makeconftest("""
+        import torch
+
+        torch.__version__ = "2.4.1"  # what an older pinned project would have
+    """)
+    pytester.makepyfile(test_behaviour=BEHAVIOUR)
+    result = run_inner(pytester, "-k", "sizes or spawn_helper or plain")
+    result.assert_outcomes(passed=1, failed=3)  # test_sizes runs at world sizes 2 and 3
+    out = result.stdout.str()
+    said = "refddp.testing: refddp needs torch >= 2.5; this is torch 2.4.1"
+    assert out.count(f"\n{said}\n") == 3, out  # each failure's whole report: the one line
+
+
 def test_marker_selection_picks_spawn_tests_and_strict_markers_pass(pytester):
     pytester.makepyfile(test_behaviour=BEHAVIOUR)
     result = run_inner(pytester, "-m", "multiproc", "--strict-markers", "--collect-only", "-q")

@@ -1,7 +1,8 @@
 """The learning-rate schedule: linear warm-up, then cosine to zero or constant, set on the
-optimizer by refddp itself and saved in the layout torch's LambdaLR saves."""
+optimizer through torch's LambdaLR."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -45,21 +46,38 @@ def test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its_stat
         theirs.step()
         torch_lr.step()
         mine.advance(step)
-        assert mine.state_dict(step) == torch_lr.state_dict(), step
+        assert mine.state_dict() == torch_lr.state_dict(), step
     assert [g["initial_lr"] for g in ours.param_groups] == [0.1, 0.1]
 
 
 def test_a_resumed_schedule_takes_its_rate_from_the_step_and_this_invocations_lr():
-    c = TrainConfig(lr=0.5, lr_schedule="constant")
+    c = TrainConfig(lr=0.5, warmup_steps=10, lr_schedule="cosine")
     optimizer = _optimizer(0.5)
     schedule = Schedule(optimizer, c, total_steps=100)
     for group in optimizer.param_groups:  # what loading an older run's optimizer state did
         group["lr"] = group["initial_lr"] = 0.01
-    schedule.advance(50)  # past the last change: a step leaves the rate alone
-    assert [g["lr"] for g in optimizer.param_groups] == [0.01, 0.01]
     schedule.reset(50)  # a resume sets it whatever the groups held
-    assert [g["lr"] for g in optimizer.param_groups] == [0.5, 0.5]
+    assert [g["lr"] for g in optimizer.param_groups] == [schedule.rate(50)] * 2
     assert [g["initial_lr"] for g in optimizer.param_groups] == [0.5, 0.5]
+    assert schedule.state_dict()["last_epoch"] == 50
+    optimizer.step()
+    schedule.advance(51)
+    assert [g["lr"] for g in optimizer.param_groups] == [schedule.rate(51)] * 2
+
+
+def test_a_step_the_schedule_did_not_expect_is_refused():
+    schedule = Schedule(_optimizer(0.1), TrainConfig(lr=0.1), total_steps=10)
+    with pytest.raises(RuntimeError, match="schedule at step 0, asked for 2"):
+        schedule.advance(2)
+
+
+def test_a_skipped_first_update_raises_no_scheduler_warning():
+    optimizer = _optimizer(0.1)
+    schedule = Schedule(optimizer, TrainConfig(lr=0.1, warmup_steps=2), total_steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schedule.advance(1)  # no optimizer.step() first: a non-finite or fp16-overflow step
+    assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.1]
 
 
 def test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state():
@@ -67,5 +85,6 @@ def test_the_rate_reaches_the_optimizer_after_it_loads_a_saved_state():
     optimizer = _optimizer(0.1)
     schedule = Schedule(optimizer, c, total_steps=10)
     optimizer.load_state_dict(_optimizer(0.7).state_dict())  # a resume: new param_groups
-    schedule.advance(5)
+    for step in range(1, 6):
+        schedule.advance(step)
     assert [g["lr"] for g in optimizer.param_groups] == [schedule.rate(5)] * 2
