@@ -37,3 +37,77 @@ class AllReduceSuite(DistributedTestCase):
 class DefaultWorldSuite(DistributedTestCase):
     def test_world(self):
         self.assertEqual(dist.get_world_size(), self.world_size)
+
+
+class TorchStyleSuite(DistributedTestCase):
+    """What PyTorch's own suites do, each test with only the base class changed."""
+
+    timeout = 30
+
+    @property
+    def world_size(self):
+        return 2
+
+    def test_tensor_aware_assert_equal(self):
+        self.assertEqual(torch.ones(3) * (self.rank + 1), torch.full((3,), self.rank + 1.0))
+        self.assertEqual(torch.tensor([1.0, 2.0]), [1.0, 2.0], exact_dtype=False)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(torch.zeros(2), torch.ones(2))
+
+    def test_a_file_store_on_file_name_meets_every_rank(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        store.set(f"rank{self.rank}", "here")
+        store.wait([f"rank{r}" for r in range(self.world_size)])
+
+    def test_a_group_built_from_the_backend_class(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        pg = dist.ProcessGroupGloo(store, self.rank, self.world_size)
+        t = torch.ones(2) * (self.rank + 1)
+        dist.all_reduce(t, group=pg)
+        self.assertEqual(t, torch.full((2,), 3.0))
+
+    def test_reduce_scatter_with_a_part_of_its_own_size_on_each_rank(self):
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        output = torch.zeros(self.rank + 1)
+        dist.reduce_scatter(output, [torch.ones(r + 1) for r in range(self.world_size)])
+        self.assertEqual(output, torch.full((self.rank + 1,), float(self.world_size)))
+
+    def test_async_collectives(self):
+        t = torch.ones(2)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        self.assertEqual(t, torch.full((2,), 2.0))
+
+    def test_new_group_with_local_synchronisation(self):
+        # Repeated across tests in one session (the repeat test runs it many times): each
+        # test's groups must never meet the rendezvous keys of an earlier test's.
+        group = dist.new_group([0, 1], use_local_synchronization=True)
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        self.assertEqual(t.item(), 2.0)
+        dist.destroy_process_group(group)
+
+    def test_another_backend_is_refused_in_one_line(self):
+        with self.assertRaisesRegex(ValueError, r"init_process_group\(backend='custom'\)"):
+            dist.init_process_group("custom", rank=self.rank, world_size=self.world_size)
+
+    def test_needs_two_gpus(self):
+        from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
+
+        skip_if_lt_x_gpu(2)(lambda case: None)(self)  # on this CPU machine: skips
+
+    def test_exits_with_a_skip_code(self):
+        from torch.testing._internal.common_distributed import TEST_SKIPS
+
+        raise SystemExit(TEST_SKIPS["multi-gpu-4"].exit_code)  # what older torch's skips do
+
+
+class TorchStyleFailures(DistributedTestCase):
+    """Fail on purpose: what the report's headline says."""
+
+    @property
+    def world_size(self):
+        return 2
+
+    def test_tensors_differ_on_rank_1(self):
+        self.assertEqual(torch.tensor([float(self.rank)]), torch.tensor([0.0]))

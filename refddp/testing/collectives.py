@@ -72,6 +72,10 @@ _NAME_ONLY = {
     "all_gather_object",
     "broadcast_object_list",
 }
+# Collectives whose single tensor is this rank's own part, sized as the list that every rank
+# passes says (all_gather's and reduce_scatter's parts may differ in size between ranks): the
+# fingerprint compares the list and leaves the own part out.
+_OWN_PART = {"all_gather": "tensor", "reduce_scatter": "output"}
 # monitored_barrier exists to name a missing rank; a fingerprint exchange would hang on it.
 _UNCHECKED = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "monitored_barrier"}
 _NONBLOCKING = {"isend", "irecv", "batch_isend_irecv"}
@@ -99,7 +103,10 @@ def _shape(value: Any) -> str | None:
     if isinstance(value, torch.Tensor):
         return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
     if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor):
-        return f"[{len(value)}x{tuple(value[0].shape)}]"
+        shapes = [tuple(t.shape) for t in value]
+        if len(set(shapes)) == 1:
+            return f"[{len(value)}x{shapes[0]}]"
+        return f"[{', '.join(map(str, shapes))}]"
     return None
 
 
@@ -108,13 +115,18 @@ def _op_name(op: Any) -> str:
     return str(getattr(getattr(op, "op", op), "name", op))
 
 
-def _group_ranks(group: Any) -> list[int] | None:
+def _group_ranks(group: Any) -> list[int] | str | None:
     """None for the default group (however it was named), else the group's global ranks."""
     import torch.distributed as dist
 
     if group is None or group is dist.group.WORLD:  # WORLD: the default group itself
         return None
-    return list(dist.get_process_group_ranks(group))
+    try:
+        return list(dist.get_process_group_ranks(group))
+    except (KeyError, RuntimeError, ValueError):
+        # Built from a backend class directly (ProcessGroupGloo(store, rank, size)), as torch
+        # allows: torch never registered its ranks.
+        return f"unregistered({group.size()})"
 
 
 def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -244,7 +256,8 @@ def _wrap(name: str, fn: Any) -> Any:
             _write_slot(state, f"#{_count} {signature} at {where}")
         try:
             if _checker is not None and name not in _UNCHECKED and on_world:
-                fingerprint = _describe(name, call, shapes=name not in _NAME_ONLY)
+                agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}
+                fingerprint = _describe(name, agreed, shapes=name not in _NAME_ONLY)
                 _check_fingerprint(fingerprint)
             if fault is not None:  # every rank has entered this collective (checked above)
                 where = f"collective #{_count} {signature}"

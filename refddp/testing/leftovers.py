@@ -6,6 +6,11 @@ process groups from ``dist.new_group`` (each holds sockets and threads), CUDA me
 allocated. After each task the rank compares with what it had when it joined the pool; what
 it can release it releases (meshes, subgroups), what it cannot (CUDA memory still referenced)
 it reports, and the driver then replaces the pool before the next test.
+
+Before each task the rank also gives it a store namespace of its own (``fresh_namespace``):
+the store the pool's ranks share outlives every test, and a group a test creates can bear the
+name of an earlier test's (``new_group(use_local_synchronization=True)`` names a group after
+its ranks), whose rendezvous keys would otherwise still be there to read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,29 @@ from typing import NamedTuple
 class Baseline(NamedTuple):
     groups: frozenset[str]  # the process groups the pool itself made
     cuda_bytes: int
+
+
+_shared_store: object = None  # the default group's store as the pool made it
+_tasks = 0  # tasks this rank has started: every rank of a pool runs every task, in order
+
+
+def fresh_namespace() -> None:
+    """Point the default group's store, which ``new_group`` creates groups from, at a prefix
+    of the pool's store that no earlier task used (the same on every rank of the pool)."""
+    global _shared_store, _tasks
+    import torch.distributed as dist
+
+    # torch keeps each group's store in a private map and has no public way to set it; on a
+    # torch without the map, tests share the pool's namespace.
+    stores = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
+    default = dist.group.WORLD if dist.is_initialized() else None
+    if stores is None or default not in stores:
+        return
+    backend, store = stores[default]
+    if _shared_store is None:
+        _shared_store = store
+    _tasks += 1
+    stores[default] = (backend, dist.PrefixStore(f"refddp-task{_tasks}/", _shared_store))
 
 
 def _group_names() -> dict[str, object]:

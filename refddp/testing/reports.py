@@ -107,6 +107,20 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
+def _exception_line(traceback_text: str) -> str:
+    """``ExcType: the message's first line`` from a formatted traceback: what failed, not the
+    last line of a long message (PyTorch's assertions end with a hint on reproducing them)."""
+    lines = traceback_text.rstrip().splitlines()
+    frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')]
+    if not frames:
+        return _last_line(traceback_text)
+    start = frames[-1] + 1
+    while start < len(lines) and lines[start].startswith("    "):  # the frame's source, carets
+        start += 1
+    message = [ln.strip() for ln in lines[start:] if ln.strip()]
+    return message[0] if message else _last_line(traceback_text)
+
+
 def _inside(reply: Reply, slot: SlotReading) -> str:
     """The collective a failed rank was in when it failed ("" if none)."""
     if isinstance(reply, Failed):
@@ -145,7 +159,8 @@ def blame(
 ) -> tuple[str, list[str]]:
     """The headline naming the cause and how it failed, and one line per victim: the ranks then
     blocked in (or failing out of) a collective, waiting on it."""
-    how = why if isinstance(replies.get(cause), Died) or cause not in replies else (_last_line(why))
+    died = isinstance(replies.get(cause), Died) or cause not in replies
+    how = why if died else _exception_line(why)
     injected = "; ".join(f"injected: {line}" for line in fired.get(cause, ()))
     headline = f"rank {cause} failed first: {how}" + (f" ({injected})" if injected else "")
     victims = []
@@ -163,7 +178,7 @@ def blame(
             text = getattr(reply, "text", None) or getattr(reply, "why", "")
             if where:
                 victims.append(f"rank {rank}: failed waiting on rank {cause} in {where}: "
-                               f"{_last_line(text)}")  # fmt: skip
+                               f"{_exception_line(text)}")  # fmt: skip
             else:
-                victims.append(f"rank {rank}: also failed: {_last_line(text)}")
+                victims.append(f"rank {rank}: also failed: {_exception_line(text)}")
     return headline, victims

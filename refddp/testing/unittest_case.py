@@ -7,12 +7,17 @@ Change the base class and the suite runs on the harness's warm pools: each test 
 keeps working: ``self._spawn_processes()`` in ``setUp`` is a no-op (the ranks exist);
 ``dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, ...)`` (any
 ``init_method`` or store, e.g. ``f"file://{self.file_name}"``) joins the pool's group, which is
-already initialised, and ``dist.destroy_process_group()`` leaves it for the next test. Runs under
-pytest (the plugin's ``--dist-timeout`` and ``--no-dist-debug`` apply) or ``python -m unittest``.
+already initialised (another backend is refused in one line), and
+``dist.destroy_process_group()`` leaves it for the next test. ``self.file_name`` is one file
+for the test, the same on every rank (a ``FileStore`` on it meets the other ranks). A rank that
+exits with one of PyTorch's skip codes (``skip_if_lt_x_gpu``) skips the test, and a failing
+assertion reaches the report as the exception it was. Runs under pytest (the plugin's
+``--dist-timeout`` and ``--no-dist-debug`` apply) or ``python -m unittest``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -27,6 +32,23 @@ class DistributedTestCase(unittest.TestCase):
 
     timeout: float | None = None  # seconds; None: --dist-timeout under pytest, else 60
     backend: str = "gloo"
+    precision: float = 0.0  # common_utils.TestCase's default tolerances, which its
+    rel_tol: float = 0.0  # assertEqual reads (0: dtype-based defaults)
+
+    def assertEqual(self, first: Any, second: Any, msg: Any = None, **kwargs: Any) -> None:  # noqa: N802
+        """Tensor-aware, as PyTorch's suites expect: for tensors and arrays (or with ``atol``,
+        ``rtol``, ``exact_dtype``...), ``common_utils.TestCase.assertEqual`` where it imports,
+        else ``torch.testing.assert_close``; unittest's for the rest. unittest's own compares
+        tensors with ``==``, whose truth value is ambiguous past one element."""
+        __tracebackhide__ = True
+        if not (kwargs or _holds_tensor(first) or _holds_tensor(second)):
+            super().assertEqual(first, second, msg)
+            return
+        torch_equal = _torch_assert_equal()
+        if torch_equal is not None:
+            torch_equal(self, first, second, msg, **kwargs)
+        else:
+            _assert_close(first, second, msg, **kwargs)
 
     @property
     def world_size(self) -> int:
@@ -40,14 +62,19 @@ class DistributedTestCase(unittest.TestCase):
 
     @property
     def file_name(self) -> str:
-        """A file per test, as MultiProcessTestCase gives for ``file://`` rendezvous."""
-        if not hasattr(self, "_file_name"):
-            handle, self._file_name = tempfile.mkstemp(prefix="refddp-case-")
-            os.close(handle)
+        """A file per test, the same on every rank, as MultiProcessTestCase gives for
+        ``file://`` rendezvous and ``FileStore``s (the driver makes it; each rank is told)."""
+        if not hasattr(self, "_file_name"):  # outside a pool run (python -m unittest on a rank)
+            self._file_name = _new_file()
         return self._file_name
 
     def _spawn_processes(self) -> None:
         """MultiProcessTestCase's set-up step: the pool's ranks already run."""
+
+    def _handle_test_skip(self, reason: str) -> None:
+        """What PyTorch's ``skip_if_lt_x_gpu`` calls, where the test case has it (recent
+        torch), instead of exiting the rank with a skip code (also handled: ``_torch_skip``)."""
+        self.skipTest(reason)
 
     def run(self, result: unittest.TestResult | None = None) -> Any:
         from refddp.testing.context import rank_context
@@ -65,8 +92,14 @@ class DistributedTestCase(unittest.TestCase):
         try:
             key = PoolKey(self.world_size, self.backend, _option("dist_debug", True))
             deadline = self.timeout or _option("dist_timeout", DEFAULT_TIMEOUT_S)
-            case = (type(self), self._testMethodName)
-            run_on_pool(key, run_case, case, {}, deadline, extra_modules=(type(self).__module__,))
+            file_name = _new_file()
+            case = (type(self), self._testMethodName, file_name)
+            try:
+                run_on_pool(key, run_case, case, {}, deadline,
+                            extra_modules=(type(self).__module__,))  # fmt: skip
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(file_name)
         except RankSkipped as skip:
             result.addSkip(self, skip.reason)
         except RankFailure:
@@ -80,14 +113,18 @@ class DistributedTestCase(unittest.TestCase):
         return result
 
 
-def run_case(case_class: type, method: str) -> None:
-    """On a rank: run one test method with its setUp/tearDown; raise what unittest recorded."""
+def run_case(case_class: type, method: str, file_name: str) -> None:
+    """On a rank: run one test method with its setUp/tearDown; raise what it raised."""
     import torch.distributed as dist
 
     group = (dist.get_backend(), dist.get_rank(), dist.get_world_size())
     real_init, real_destroy = dist.init_process_group, dist.destroy_process_group
 
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+        backend = kwargs.get("backend", backend)
+        if backend is not None and group[0] not in str(backend).lower():
+            raise ValueError(f"init_process_group(backend={backend!r}) in a test on a "
+                             f"{group[0]} pool: set the test class's backend")  # fmt: skip
         rank, world = kwargs.get("rank", group[1]), kwargs.get("world_size", group[2])
         if (rank, world) != group[1:]:
             raise ValueError(f"init_process_group(rank={rank}, world_size={world}) on rank "
@@ -99,14 +136,86 @@ def run_case(case_class: type, method: str) -> None:
 
     dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
     try:
-        outcome = unittest.TestResult()
-        case_class(method).run(outcome)
+        outcome = _Outcome()
+        case = case_class(method)
+        case._file_name = file_name
+        case.run(outcome)
     finally:
         dist.init_process_group, dist.destroy_process_group = real_init, real_destroy
-    for _, text in outcome.errors + outcome.failures:
-        raise AssertionError(text)
+    if outcome.raised is not None:
+        raise outcome.raised  # the assertion itself, with its traceback, for the report
     if outcome.skipped:
         raise unittest.SkipTest(outcome.skipped[0][1])
+
+
+class _Outcome(unittest.TestResult):
+    """unittest's result, keeping the first exception the test raised (not only its text);
+    PyTorch's skip exit codes count as skips."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised: BaseException | None = None
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802 - unittest's name
+        reason = _torch_skip(err[1])
+        if reason is not None:
+            self.addSkip(test, reason)
+            return
+        super().addError(test, err)
+        self.raised = self.raised or err[1]
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802 - unittest's name
+        super().addFailure(test, err)
+        self.raised = self.raised or err[1]
+
+
+def _torch_skip(exc: BaseException) -> str | None:
+    """The reason, where ``exc`` is a rank's exit with one of PyTorch's skip codes
+    (``common_distributed.TEST_SKIPS``: ``skip_if_lt_x_gpu`` exits with them); else None."""
+    if not isinstance(exc, SystemExit):
+        return None
+    try:  # PyTorch's own test helpers: a suite that exits with these codes imports them
+        from torch.testing._internal.common_distributed import TEST_SKIPS
+    except Exception:  # noqa: BLE001 - not importable here: an exit is an exit
+        return None
+    for skip in TEST_SKIPS.values():
+        if exc.code == skip.exit_code:
+            return str(skip.message)
+    return None
+
+
+def _torch_assert_equal() -> Any:
+    """``common_utils.TestCase.assertEqual`` (PyTorch's test helpers, shipped in the wheel;
+    needs ``expecttest``), or None where it does not import."""
+    try:
+        from torch.testing._internal.common_utils import TestCase
+    except Exception:  # noqa: BLE001 - absent, or missing its own test dependencies
+        return None
+    return TestCase.assertEqual
+
+
+def _holds_tensor(value: Any) -> bool:
+    import torch
+
+    if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
+        return True
+    return isinstance(value, list | tuple) and any(_holds_tensor(v) for v in value)
+
+
+def _assert_close(first: Any, second: Any, msg: Any, **kwargs: Any) -> None:
+    import torch
+
+    exact_dtype = kwargs.pop("exact_dtype", True)
+    if type(first) is not type(second):  # a tensor against a number or a list
+        first, second, exact_dtype = torch.as_tensor(first), torch.as_tensor(second), False
+    torch.testing.assert_close(first, second, atol=kwargs.get("atol"), rtol=kwargs.get("rtol"),
+                               equal_nan=True, check_dtype=exact_dtype, msg=msg)  # fmt: skip
+
+
+def _new_file() -> str:
+    handle, name = tempfile.mkstemp(prefix="refddp-case-")
+    os.close(handle)
+    return name
 
 
 def _option(name: str, default: Any) -> Any:

@@ -111,6 +111,7 @@ def _run_task(
     task: RunTask, ctx: RankContext, start: leftovers.Baseline, workdir: str
 ) -> Done | Failed | Skipped:
     collectives.reset_count()
+    leftovers.fresh_namespace()
     faults.arm(task.faults, ctx.rank, faults.record_path_for(workdir, ctx.rank))
     if task.node_dirs:
         ctx = dataclasses.replace(ctx, node_tmp_path=Path(task.node_dirs[ctx.node_rank]))

@@ -137,3 +137,38 @@ def test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its_base
     assert not result.errors
     default = run_suite(DefaultWorldSuite)
     assert default.wasSuccessful() and default.testsRun == 1, "4 ranks, as MultiProcessTestCase"
+
+
+def test_pytorch_style_tests_pass_with_only_the_base_class_changed():
+    pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
+    from tests.unittest_cases import TorchStyleSuite
+
+    result = run_suite(TorchStyleSuite)
+    assert not result.failures and not result.errors, result.failures + result.errors
+    skipped = dict((t._testMethodName, why) for t, why in result.skipped)
+    assert skipped == {"test_needs_two_gpus": "Need at least 2 CUDA devices",
+                       "test_exits_with_a_skip_code": "Need at least 4 CUDA devices"}, skipped
+    assert result.testsRun == 9
+
+
+def test_local_synchronisation_groups_pass_test_after_test_in_one_session():
+    import unittest
+
+    from tests.unittest_cases import TorchStyleSuite
+
+    repeats = unittest.TestSuite(
+        TorchStyleSuite("test_new_group_with_local_synchronisation") for _ in range(20)
+    )
+    result = unittest.TestResult()
+    repeats.run(result)
+    assert result.testsRun == 20 and result.wasSuccessful(), result.failures + result.errors
+
+
+def test_the_headline_is_the_failing_assertion_not_the_end_of_its_message():
+    pytest.importorskip("expecttest")
+    from tests.unittest_cases import TorchStyleFailures
+
+    result = run_suite(TorchStyleFailures)
+    said = result.failures[0][1]
+    headline = next(line for line in said.splitlines() if "failed first" in line)
+    assert "rank 1 failed first: AssertionError: Tensor-likes are not" in headline, said

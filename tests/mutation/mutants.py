@@ -58,6 +58,7 @@ T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
 BATCHES = "refddp/objectives/batches.py"
 IMAGE_FOLDER = "refddp/image_folder.py"
+UNITTEST = "refddp/testing/unittest_case.py"
 
 MUTANTS = (
     Mutant(
@@ -612,6 +613,54 @@ MUTANTS = (
         "    if False:",
         ("tests/unit/test_plugin.py::test_on_a_torch_below_the_floor_each_distributed_test_fails"
          "_in_one_line",),
+    ),
+    Mutant(
+        "headline-is-the-messages-last-line", "a report's headline is the failing assertion",
+        REPORTS, "    how = why if died else _exception_line(why)",
+        "    how = why if died else _last_line(why)",
+        ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_not_the_end_of_its_message",),
+    ),
+    Mutant(
+        "own-part-fingerprinted", "collectives torch accepts, the harness accepts", COLLECTIVES,
+        "                agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}",
+        "                agreed = call",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "unregistered-group-breaks-tracing", "collectives torch accepts, the harness accepts",
+        COLLECTIVES, "    except (KeyError, RuntimeError, ValueError):\n        # Built from",
+        "    except ZeroDivisionError:\n        # Built from",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "file-name-per-rank", "a PyTorch-style suite runs with its base class changed", UNITTEST,
+        "        case._file_name = file_name\n", "",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "torch-skip-code-is-a-failure", "a PyTorch-style suite runs with its base class changed",
+        UNITTEST, "        reason = _torch_skip(err[1])", "        reason = None",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "unittest-assert-equal-on-tensors",
+        "a PyTorch-style suite runs with its base class changed", UNITTEST,
+        "        if not (kwargs or _holds_tensor(first) or _holds_tensor(second)):",
+        "        if True:",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "another-backend-joins-the-pool",
+        "a PyTorch-style suite runs with its base class changed", UNITTEST,
+        "        if backend is not None and group[0] not in str(backend).lower():",
+        "        if False:",
+        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+    ),
+    Mutant(
+        "tests-share-a-store-namespace", "every test starts clean: its own store namespace",
+        "refddp/testing/worker.py", "    leftovers.fresh_namespace()\n", "",
+        ("tests/multiproc/test_harness_parity.py::test_local_synchronisation_groups_pass_test"
+         "_after_test_in_one_session",),
     ),
     Mutant(
         "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
