@@ -79,22 +79,22 @@ def loopback_store(timeout_s: float = 300.0) -> dist.TCPStore:
     sock.listen(1024)
     port = sock.getsockname()[1]
     try:
+        fd = os.dup(sock.fileno())  # the store's own copy of the listening socket
         try:
-            return _store_on(sock, port, timeout_s, use_libuv=True)
-        except NotImplementedError:
-            # torch < 2.6: only the legacy backend starts from a listening socket. (A copy of
-            # the socket is handed over each time: the refused one may or may not be closed.)
-            return _store_on(sock, port, timeout_s, use_libuv=False)
+            return _store_on(fd, port, timeout_s, use_libuv=True)
+        except NotImplementedError:  # refused before it took the socket: torch < 2.6, whose
+            os.close(fd)  # libuv store cannot start from one; the legacy backend can
+            return _store_on(os.dup(sock.fileno()), port, timeout_s, use_libuv=False)
     finally:
-        sock.close()  # the store holds its own copy
+        sock.close()
 
 
-def _store_on(sock: socket.socket, port: int, timeout_s: float, use_libuv: bool) -> dist.TCPStore:
+def _store_on(fd: int, port: int, timeout_s: float, use_libuv: bool) -> dist.TCPStore:
     return dist.TCPStore(
         "127.0.0.1",
         port,
         is_master=True,
-        master_listen_fd=os.dup(sock.fileno()),
+        master_listen_fd=fd,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
         use_libuv=use_libuv,

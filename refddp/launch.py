@@ -8,12 +8,10 @@ use plain ``torchrun`` (see the README) and never come through here.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import sys
-import time
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -26,13 +24,11 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from refddp.dist import loopback_store, pin_gloo_to_loopback
+from refddp.error_file import AGREED_STOP, KIND_KEY, LAUNCHED_ENV, USAGE
 
 LOOPBACK_BACKEND = "refddp-loopback"
+USAGE_EXIT = 2
 CONFIG_ENV = "REFDDP_RESOLVED_CONFIG"  # the launcher's resolved config, as JSON, for its ranks
-LAUNCHED_ENV = "REFDDP_LAUNCHED"  # set in every rank this launcher starts
-KIND_KEY = "refddp_kind"  # in a rank's error file: which of the kinds below it records
-USAGE = "usage"
-AGREED_STOP = "agreed_stop"
 
 
 class _LoopbackRendezvous(DynamicRendezvousHandler):
@@ -87,9 +83,9 @@ def launch(
     and checked), so they never re-parse the command line and all agree on it.
     """
     refused = launcher_refused()
-    if refused:
+    if refused:  # a usage error on this torch: torchrun does the job
         print(f"error: {refused}", file=sys.stderr)
-        return 1
+        return USAGE_EXIT
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -155,7 +151,7 @@ def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
         # A rank refused its configuration; ranks that failed with it were waiting on it.
         for message, ranks in usage.items():
             print(f"error: {message} ({_ranks(ranks)})", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     stops = _recorded(failures, AGREED_STOP)
     if stops:
         # Every rank decided to stop, together. The first to exit makes the agent end the rest,
@@ -204,21 +200,3 @@ def _stack_files(stacks_dir: str) -> list[str]:
         return []
     names = sorted(os.listdir(stacks_dir))
     return [n for n in names if os.path.getsize(os.path.join(stacks_dir, n)) > 0]
-
-
-def record_error(message: str, kind: str) -> bool:
-    """In a rank this launcher started, hand a one-line error to the launcher to print.
-
-    ``kind``: ``USAGE`` (a refused configuration, exit code 2) or ``AGREED_STOP`` (every rank
-    decided to stop at the same point; recorded at the decision, before any teardown, since the
-    agent ends the other ranks as soon as one exits). Uses the error file torch's elastic agent
-    gives each rank (``TORCHELASTIC_ERROR_FILE``), so the message reaches the launcher whichever
-    rank raised it. False when there is none (a single process, plain torchrun): the caller
-    prints the message itself.
-    """
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or LAUNCHED_ENV not in os.environ:
-        return False
-    with open(path, "w") as f:
-        json.dump({"message": message, "timestamp": int(time.time()), KIND_KEY: kind}, f)
-    return True

@@ -54,14 +54,19 @@ class Schedule:
             group["initial_lr"] = self.lr  # LambdaLR's base rate, which it needs to start late
         # LambdaLR's first step (in its constructor) moves it to last_epoch + 1 = step.
         self.scheduler = LambdaLR(self.optimizer, self.factor, last_epoch=step - 1)
+        self.first_advance = True
 
     def advance(self, step: int) -> None:
         """Set the rate of step ``step`` (counted from 0), once step ``step - 1`` is done."""
         if self.scheduler.last_epoch + 1 != step:
             raise RuntimeError(f"schedule at step {self.scheduler.last_epoch}, asked for {step}")
+        if not self.first_advance:
+            self.scheduler.step()
+            return
+        self.first_advance = False
         with warnings.catch_warnings():
-            # LambdaLR warns when no optimizer step came first: here a skipped update (a
-            # non-finite step, fp16's overflow), which is no misuse.
+            # LambdaLR's first step warns when no optimizer step came before it: here a
+            # skipped update (a non-finite step, fp16's overflow), which is no misuse.
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
 

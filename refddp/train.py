@@ -40,7 +40,8 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.launch import CONFIG_ENV, USAGE, launch, record_error
+from refddp.error_file import USAGE, record_error
+from refddp.launch import CONFIG_ENV, launch
 from refddp.models import build_model
 from refddp.slurm import srun_task
 from refddp.watchdog import HangWatchdog

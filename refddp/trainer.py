@@ -33,8 +33,8 @@ from refddp.config import (
 )
 from refddp.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.dist import DistContext, rank0_then_meet
+from refddp.error_file import AGREED_STOP, record_error
 from refddp.evaluation import agreed_objective, autocast, evaluate
-from refddp.launch import AGREED_STOP, record_error
 from refddp.metrics import model_flops_utilisation, peak_memory_mb
 from refddp.models import build_model, count_parameters
 from refddp.objectives.batches import to_device
@@ -434,7 +434,10 @@ class Trainer:
             what = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
         if self.c.on_nonfinite == "stop":
             said = f"step {step}: {what}; stopping every rank (on_nonfinite=stop)"
-            raise NonFiniteStep(said, recorded=record_error(said, AGREED_STOP))
+            recorded = record_error(said, AGREED_STOP)
+            if self.several:  # every rank is here: none exits before all have recorded
+                dist.barrier()
+            raise NonFiniteStep(said, recorded=recorded)
         self.skipped_steps += 1
         if self.ctx.is_main:
             log.warning("step %d: %s; update skipped on every rank", step, what)

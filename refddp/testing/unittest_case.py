@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import unittest
+from collections.abc import Mapping
 from typing import Any
 
 DEFAULT_WORLD_SIZE = 4  # MultiProcessTestCase's
@@ -36,10 +37,10 @@ class DistributedTestCase(unittest.TestCase):
     rel_tol: float = 0.0  # assertEqual reads (0: dtype-based defaults)
 
     def assertEqual(self, first: Any, second: Any, msg: Any = None, **kwargs: Any) -> None:  # noqa: N802
-        """Tensor-aware, as PyTorch's suites expect: for tensors and arrays (or with ``atol``,
-        ``rtol``, ``exact_dtype``...), ``common_utils.TestCase.assertEqual`` where it imports,
-        else ``torch.testing.assert_close``; unittest's for the rest. unittest's own compares
-        tensors with ``==``, whose truth value is ambiguous past one element."""
+        """Tensor-aware, as PyTorch's suites expect: for tensors, arrays and containers of them
+        (or with ``atol``, ``rtol``, ``exact_dtype``...), ``common_utils.TestCase.assertEqual``
+        where the suite imported it, else ``torch.testing.assert_close``; unittest's for the
+        rest. unittest's own compares tensors with ``==``, ambiguous past one element."""
         __tracebackhide__ = True
         if not (kwargs or _holds_tensor(first) or _holds_tensor(second)):
             super().assertEqual(first, second, msg)
@@ -144,6 +145,8 @@ def run_case(case_class: type, method: str, file_name: str) -> None:
         dist.init_process_group, dist.destroy_process_group = real_init, real_destroy
     if outcome.raised is not None:
         raise outcome.raised  # the assertion itself, with its traceback, for the report
+    for _, text in outcome.errors + outcome.failures:  # anything recorded another way
+        raise AssertionError(text)
     if outcome.skipped:
         raise unittest.SkipTest(outcome.skipped[0][1])
 
@@ -168,6 +171,11 @@ class _Outcome(unittest.TestResult):
         super().addFailure(test, err)
         self.raised = self.raised or err[1]
 
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802 - unittest's
+        super().addSubTest(test, subtest, err)  # records a failed subtest itself, not through
+        if err is not None:  # addFailure/addError
+            self.raised = self.raised or err[1]
+
 
 def _torch_skip(exc: BaseException) -> str | None:
     """The reason, where ``exc`` is a rank's exit with one of PyTorch's skip codes
@@ -185,13 +193,12 @@ def _torch_skip(exc: BaseException) -> str | None:
 
 
 def _torch_assert_equal() -> Any:
-    """``common_utils.TestCase.assertEqual`` (PyTorch's test helpers, shipped in the wheel;
-    needs ``expecttest``), or None where it does not import."""
-    try:
-        from torch.testing._internal.common_utils import TestCase
-    except Exception:  # noqa: BLE001 - absent, or missing its own test dependencies
-        return None
-    return TestCase.assertEqual
+    """``common_utils.TestCase.assertEqual`` where the suite has imported PyTorch's test
+    helpers (shipped in the wheel), else None. Never imported here: importing them changes
+    torch's global flags for every later test on the warm rank."""
+    common_utils = sys.modules.get("torch.testing._internal.common_utils")
+    test_case = getattr(common_utils, "TestCase", None)
+    return getattr(test_case, "assertEqual", None)
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -199,6 +206,8 @@ def _holds_tensor(value: Any) -> bool:
 
     if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
         return True
+    if isinstance(value, Mapping):  # a state dict
+        return any(_holds_tensor(v) for v in value.values())
     return isinstance(value, list | tuple) and any(_holds_tensor(v) for v in value)
 
 

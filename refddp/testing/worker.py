@@ -111,7 +111,6 @@ def _run_task(
     task: RunTask, ctx: RankContext, start: leftovers.Baseline, workdir: str
 ) -> Done | Failed | Skipped:
     collectives.reset_count()
-    leftovers.fresh_namespace()
     faults.arm(task.faults, ctx.rank, faults.record_path_for(workdir, ctx.rank))
     if task.node_dirs:
         ctx = dataclasses.replace(ctx, node_tmp_path=Path(task.node_dirs[ctx.node_rank]))
@@ -119,6 +118,7 @@ def _run_task(
     made: dict[str, Any] = {}
     reply: Callable[[Health], Done | Failed | Skipped]
     try:
+        leftovers.fresh_namespace()
         _import_test_modules(task.sys_path, task.modules)
         fn, args, kwargs = _TaskUnpickler(io.BytesIO(task.payload)).load()
         for name in task.rank_fixtures:

@@ -168,7 +168,8 @@ MUTANTS = (
     ),
     Mutant(
         "lr-never-advances", "the learning-rate schedule", SCHEDULE,
-        "            self.scheduler.step()", "            pass",
+        "        if not self.first_advance:\n            self.scheduler.step()\n            return",
+        "        if not self.first_advance:\n            return",
         (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
          "_state[cosine]",),
     ),
@@ -560,7 +561,7 @@ MUTANTS = (
     ),
     Mutant(
         "libuv-store-only", "the harness and the launcher start on torch 2.5", DIST,
-        "            return _store_on(sock, port, timeout_s, use_libuv=False)",
+        "            return _store_on(os.dup(sock.fileno()), port, timeout_s, use_libuv=False)",
         "            raise",
         ("tests/unit/test_older_torch.py::test_the_loopback_store_starts_where_libuv_takes_no"
          "_listening_socket",),
@@ -618,7 +619,7 @@ MUTANTS = (
         "headline-is-the-messages-last-line", "a report's headline is the failing assertion",
         REPORTS, "    how = why if died else _exception_line(why)",
         "    how = why if died else _last_line(why)",
-        ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_not_the_end_of_its_message",),
+        ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_and_a_failed_subtest_fails",),
     ),
     Mutant(
         "own-part-fingerprinted", "collectives torch accepts, the harness accepts", COLLECTIVES,
@@ -987,8 +988,9 @@ MUTANTS = (
          "_losses_were",),
     ),
     Mutant(
-        "agreed-stop-recorded-after-teardown", "an agreed stop is one line, its cause",
-        TRAINER, "recorded=record_error(said, AGREED_STOP))", "recorded=False)",
+        "agreed-stop-not-recorded", "an agreed stop is one line, its cause",
+        TRAINER, "            recorded = record_error(said, AGREED_STOP)",
+        "            recorded = False",
         (f"{T_NONFINITE}::test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line"
          "[inf-loss]",),
     ),

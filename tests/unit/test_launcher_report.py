@@ -67,7 +67,7 @@ def test_a_torch_without_the_launchers_internals_is_told_to_use_torchrun(monkeyp
 
     monkeypatch.delattr(torch.distributed.run, "config_from_args")
     monkeypatch.delattr(launch.DynamicRendezvousHandler, "_create_tcp_store_server")
-    assert launch.launch("refddp.train", {}, 2, 0, "unused", job="training") == 1
+    assert launch.launch("refddp.train", {}, 2, 0, "unused", job="training") == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --nproc: this torch"), lines
     assert "lacks config_from_args, DynamicRendezvousHandler._create_tcp_store_server" in lines[0]
