@@ -168,7 +168,7 @@ def native_thread_names() -> list[str]:
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:  # a thread that ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
             pass
     return sorted(names)
 
