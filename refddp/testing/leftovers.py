@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Baseline(NamedTuple):
@@ -37,7 +37,7 @@ def fresh_namespace() -> None:
 
     # torch keeps each group's store in a private map and has no public way to set it; on a
     # torch without the map, tests share the pool's namespace.
-    stores = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
+    stores = _torch_world("pg_map")
     default = dist.group.WORLD if dist.is_initialized() else None
     if stores is None or default not in stores:
         return
@@ -54,8 +54,15 @@ def _group_names() -> dict[str, object]:
     if not dist.is_initialized():
         return {}
     # torch lists live groups only privately; on a torch without the list, none is cleaned up.
-    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None) or {}
+    names = _torch_world("pg_names") or {}
     return {name: pg for pg, name in names.items()}
+
+
+def _torch_world(name: str) -> Any:
+    """``name`` of torch's private registry of process groups, or None where torch has none."""
+    import torch.distributed as dist
+
+    return getattr(getattr(dist.distributed_c10d, "_world", None), name, None)
 
 
 def _cuda_bytes() -> int:
