@@ -15,7 +15,10 @@ after filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` ag
 Only calls made through the ``torch.distributed`` namespace are seen; DDP's built-in gradient
 all-reduce runs in C++ and shows up in the process group's sequence number instead
 (``process_group_sequence``). A Python comm hook's all-reduce (refddp's trainer registers one
-with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside autograd.
+with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside autograd. An async
+collective (``async_op=True``, ``isend``) counts as entered while its ``Work.wait()`` runs:
+``dist.Work.wait`` is wrapped for that, so a rank waiting on a peer that never joins is reported
+as fast as for a blocking call (a wait through ``get_future()`` or a polling loop is not seen).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import inspect
 import mmap
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -91,6 +95,10 @@ _count = 0  # collectives entered in the current task (the "#N" of every report)
 _failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
 _checker: Any = None  # the helper process group fingerprints are exchanged on
 _signatures: dict[str, inspect.Signature] = {}
+# An async collective's Work -> (state, members, "#N signature") until its wait() (a weak key:
+# a Work dropped without waiting leaves nothing behind).
+_in_flight: weakref.WeakKeyDictionary[Any, tuple[bytes, str, str]] = weakref.WeakKeyDictionary()
+_original_wait: Any = None
 
 
 class CollectiveMismatch(RuntimeError):
@@ -127,6 +135,22 @@ def _group_ranks(group: Any) -> list[int] | str | None:
         # Built from a backend class directly (ProcessGroupGloo(store, rank, size)), as torch
         # allows: torch never registered its ranks.
         return f"unregistered({group.size()})"
+
+
+def _members(name: str, call: dict[str, Any]) -> str:
+    """Who this call waits on, for the slot: "*" for the whole default group, global ranks as
+    "0,2" (a registered subgroup, or a point-to-point peer), "?" when unknown (a group built from
+    a backend class, a receive from any source)."""
+    if name in ("send", "recv", "isend", "irecv"):
+        peer = call.get("dst", call.get("src"))
+        return "?" if peer is None else str(peer)
+    if name == "batch_isend_irecv":
+        peers = {getattr(op, "peer", None) for op in call.get("p2p_op_list") or ()}
+        return "?" if None in peers or not peers else ",".join(map(str, sorted(peers)))
+    ranks = _group_ranks(call.get("group"))
+    if ranks is None:
+        return "*"
+    return ",".join(map(str, ranks)) if isinstance(ranks, list) else "?"
 
 
 def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -200,6 +224,7 @@ def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
     global _count, _failed
     _count, _failed = 0, None
+    _in_flight.clear()
     _write_slot(_STATE_OUTSIDE, "")  # a report must not show the last task's collective
 
 
@@ -227,9 +252,11 @@ def enable_fingerprint_check(helper_group: Any) -> None:
     _checker = helper_group
 
 
-def _write_slot(state: bytes, text: str) -> None:
+def _write_slot(state: bytes, text: str, members: str = "*") -> None:
+    """The slot holds the state byte, who the collective waits on ("*", "0,2" or "?"), a
+    unit separator, then the text the reports show."""
     if _slot is not None:
-        data = state + text.encode()[: _SLOT_BYTES - 2]
+        data = (state + members.encode() + b"\x1f" + text.encode())[: _SLOT_BYTES - 1]
         _slot[:] = data + b"\0" * (_SLOT_BYTES - len(data))
 
 
@@ -243,17 +270,16 @@ def _wrap(name: str, fn: Any) -> Any:
         for log in _recorders:
             log.append(signature)
         on_world = _group_ranks(call.get("group")) is None
+        members = _members(name, call)
+        async_op = name in _NONBLOCKING or bool(call.get("async_op"))
+        state = _STATE_IN_WORLD if members == "*" else _STATE_IN_SUBGROUP
         if _slot is not None:
             caller = sys._getframe(1)
             where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
-            # Async ops return at once, so they never count as "inside"; a blocking send or
-            # recv waits on one peer only, like a subgroup collective.
-            blocking = name not in _NONBLOCKING and not call.get("async_op")
-            whole_world = on_world and name not in ("send", "recv")
-            state = _STATE_OUTSIDE
-            if blocking:
-                state = _STATE_IN_WORLD if whole_world else _STATE_IN_SUBGROUP
-            _write_slot(state, f"#{_count} {signature} at {where}")
+            # Inside until the call returns (the fingerprint check blocks even for an async
+            # op); an async op then counts as inside again while its Work is waited on
+            # (``_traced_wait``). A blocking send or recv waits on its one peer.
+            _write_slot(state, f"#{_count} {signature} at {where}", members)
         try:
             if _checker is not None and name not in _UNCHECKED and on_world:
                 agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}
@@ -262,7 +288,16 @@ def _wrap(name: str, fn: Any) -> Any:
             if fault is not None:  # every rank has entered this collective (checked above)
                 where = f"collective #{_count} {signature}"
                 return faults.fire(fault, where, lambda: fn(*args, **kwargs))
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if async_op and _slot is not None:
+                for work in result if isinstance(result, list) else [result]:
+                    if work is not None:
+                        _in_flight[work] = (
+                            state,
+                            members,
+                            f"#{_count} {signature} (async, in wait())",
+                        )
+            return result
         except BaseException as exc:
             _failed = (exc, f"#{_count} {signature}")
             raise
@@ -274,6 +309,27 @@ def _wrap(name: str, fn: Any) -> Any:
     traced.__name__ = name
     traced.__doc__ = fn.__doc__
     return traced
+
+
+def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Work.wait`` that marks the rank as inside the async collective it waits on, so a peer
+    that never joins it is reported as fast as for a blocking call."""
+    global _failed
+    entry = _in_flight.pop(work, None) if _slot is not None else None
+    if entry is None:
+        return _original_wait(work, *args, **kwargs)
+    state, members, label = entry
+    caller = sys._getframe(1)
+    where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
+    _write_slot(state, f"{label} at {where}", members)
+    try:
+        return _original_wait(work, *args, **kwargs)
+    except BaseException as exc:
+        _failed = (exc, label)
+        raise
+    finally:
+        if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
+            _slot[:1] = _STATE_OUTSIDE
 
 
 def install(slot_path: str | None = None) -> None:
@@ -294,6 +350,9 @@ def install(slot_path: str | None = None) -> None:
     for name in _COLLECTIVES:
         if hasattr(dist, name):
             setattr(dist, name, _wrap(name, getattr(dist, name)))
+    global _original_wait
+    _original_wait = dist.Work.wait  # public class; a subclass's own wait() is left alone
+    dist.Work.wait = _traced_wait
     _installed = True
 
 
@@ -301,6 +360,12 @@ class SlotReading(NamedTuple):
     last: str  # "#3 barrier() at file.py:12 in step", or "" before the first collective
     inside: bool  # still blocked in it
     on_world: bool  # it involves every rank of the default group
+    members: frozenset[int] | None = None  # else the global ranks it needs; None if unknown
+
+    @property
+    def entered(self) -> int:
+        """How many collectives the rank entered in the task (the N of "#N barrier() ...")."""
+        return int(self.last.split(" ", 1)[0].lstrip("#")) if self.last.startswith("#") else 0
 
 
 def read_slot(slot_path: str) -> SlotReading:
@@ -310,8 +375,14 @@ def read_slot(slot_path: str) -> SlotReading:
             data = f.read(_SLOT_BYTES)
     except OSError:
         return SlotReading("", False, False)
-    state, text = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
-    return SlotReading(text, state != _STATE_OUTSIDE, state == _STATE_IN_WORLD)
+    state, rest = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
+    who, _, text = rest.partition("\x1f")
+    members = None
+    if who not in ("*", "?", ""):
+        members = frozenset(int(r) for r in who.split(","))
+    # Who the collective waits on stays written after it returned or raised (only the state
+    # byte is reset): a failed rank's report can still tell which ranks its collective needed.
+    return SlotReading(text, state != _STATE_OUTSIDE, who == "*", members)
 
 
 @contextlib.contextmanager

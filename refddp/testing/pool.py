@@ -42,7 +42,14 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
-from refddp.testing.reports import PoolFiles, blame, find_cause
+from refddp.testing.reports import (
+    PoolFiles,
+    blame,
+    exception_line,
+    find_cause,
+    finished_without_joining,
+    skipped_headline,
+)
 
 DEFAULT_TIMEOUT_S = 60.0
 FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simultaneous others
@@ -210,7 +217,7 @@ class RankPool:
         if unfired:
             listed = "; ".join(f.describe() for f in unfired)
             reached = "; ".join(
-                f"rank {r} entered {_entered(read_slot(slot_path_for(self.workdir, r)).last)} "
+                f"rank {r} entered {read_slot(slot_path_for(self.workdir, r)).entered} "
                 "collective(s)"
                 for r in sorted({f.rank for f in unfired})
             )
@@ -237,30 +244,46 @@ class RankPool:
         acting = {r: lines for r, lines in fired.items()
                   if any(not ln.startswith("delay ") for ln in lines)}  # fmt: skip
         details = [f"fault never fired: {f.describe()}" for f in unfired]
+        finished = {r for r, m in replies.items() if not isinstance(m, FAILURES)}
         cause: int | None
         if failures:
             cause = find_cause(replies, acting, slots)
-            if cause is None:
-                headline = f"rank(s) {sorted(failures)} failed"
-            else:
+            absent: list[int] = []
+            if cause is None:  # every failed rank failed inside a collective: one that a
+                # finished rank skipped (its group destroyed as its task ended), or one that
+                # the ranks disagreed on
+                absent = finished_without_joining(sorted(failures), finished, slots)
+            if cause is not None:
                 headline, victims = blame(cause, replies, pending, acting, slots, failures[cause])
                 details = victims + details
+            elif absent:
+                how = exception_line(failures[min(failures)])
+                headline = skipped_headline(absent, sorted(failures), slots, f"failed in: {how}")
+                cause = absent[0] if len(absent) == 1 else None
+                if cause is not None:  # each other rank: failed in it, waiting, or elsewhere
+                    details = blame(cause, replies, pending, acting, slots, "")[1] + details
+            else:
+                headline = f"rank(s) {sorted(failures)} failed"
             error: RankFailure = RankFailure(
                 self.files.report(headline, failures, stacks, offsets, details),
                 failures,
                 cause,
             )
         else:
+            absent = finished_without_joining(one_sided, finished, slots)
             if one_sided:
-                headline = (
-                    f"rank(s) {one_sided} blocked in a collective that every other rank "
-                    f"finished without (a certain hang, reported after {elapsed:.1f} s, "
-                    f"deadline {timeout_s:g} s)"
-                )
+                headline = skipped_headline(
+                    absent, one_sided, slots,
+                    f"are blocked in (a certain hang, reported after {elapsed:.1f} s, "
+                    f"deadline {timeout_s:g} s)",
+                )  # fmt: skip
+                others = [r for r in pending if r not in one_sided]
+                if others:
+                    headline += f"; rank(s) {others} had not finished either"
             else:
                 headline = f"rank(s) {pending} did not finish within {timeout_s:g} s"
             hung = sorted(acting)
-            cause = hung[0] if hung else (one_sided[0] if len(one_sided) == 1 else None)
+            cause = hung[0] if hung else (absent[0] if one_sided and len(absent) == 1 else None)
             details = [f"injected: {ln}" for r in hung for ln in acting[r]] + details
             error = RankTimeout(
                 self.files.report(headline, {}, stacks, offsets, details), stacks, cause
@@ -300,26 +323,31 @@ class RankPool:
                 if isinstance(replies[rank], FAILURES):
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
             if finished and pending:
-                stuck = self._stuck_alone(sorted(pending.values()), suspects)
+                stuck = self._stuck_alone(sorted(pending.values()), set(replies), suspects)
                 if stuck:
                     return replies, stuck
         return replies, []
 
-    def _stuck_alone(self, pending: list[int], suspects: dict[int, tuple[str, float]]) -> list[int]:
-        """Pending ranks that have sat in the same collective for ONE_SIDED_CONFIRM_S while the
-        other ranks had finished: a whole-world collective, or any one when a single rank is
-        left (a subgroup or send/recv peer may still be among several pending ranks)."""
-        now, stuck = time.monotonic(), []
+    def _stuck_alone(
+        self, pending: list[int], finished: set[int], suspects: dict[int, tuple[str, float]]
+    ) -> list[int]:
+        """Pending ranks blocked in a collective that a finished rank takes part in (it can
+        never complete), once one of them has sat in the same collective for
+        ONE_SIDED_CONFIRM_S. Where a collective's members are unknown (a group built from a
+        backend class, a receive from any source) only a rank left alone counts."""
+        now, doomed, confirmed = time.monotonic(), [], False
         for rank in pending:
             slot = read_slot(slot_path_for(self.workdir, rank))
-            if not (slot.inside and (slot.on_world or len(pending) == 1)):
+            waits_on_finished = slot.on_world or bool(slot.members and slot.members & finished)
+            if not (slot.inside and (waits_on_finished or len(pending) == 1)):
                 suspects.pop(rank, None)
                 continue
+            doomed.append(rank)
             if rank not in suspects or suspects[rank][0] != slot.last:
                 suspects[rank] = (slot.last, now)
             elif now - suspects[rank][1] >= ONE_SIDED_CONFIRM_S:
-                stuck.append(rank)
-        return stuck
+                confirmed = True
+        return doomed if confirmed else []
 
     def _exit_description(self, rank: int) -> str:
         try:
@@ -385,8 +413,3 @@ def _failure_text(reply: Reply) -> str:
     if isinstance(reply, Died):
         return reply.why
     return getattr(reply, "text", repr(reply))
-
-
-def _entered(last: str) -> int:
-    """How many collectives a rank entered in the task, from its slot ("#5 barrier() at ...")."""
-    return int(last.split(" ", 1)[0].lstrip("#")) if last.startswith("#") else 0

@@ -107,7 +107,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
-def _exception_line(traceback_text: str) -> str:
+def exception_line(traceback_text: str) -> str:
     """``ExcType: the message's first line`` from a formatted traceback: what failed, not the
     last line of a long message (PyTorch's assertions end with a hint on reproducing them)."""
     lines = traceback_text.rstrip().splitlines()
@@ -149,6 +149,34 @@ def find_cause(
     return min(candidates, key=lambda r: (getattr(failed[r], "at", 0.0), r))
 
 
+def finished_without_joining(
+    waiting: list[int], finished: set[int], slots: dict[int, SlotReading]
+) -> list[int]:
+    """The finished ranks that the collectives the ``waiting`` ranks are in (or failed in) need:
+    the ranks that skipped them.
+
+    A finished rank outside a subgroup is not one (where a collective's members are unknown,
+    every finished rank may be). Nor is one that entered as many collectives as the waiting
+    rank had: it took part and got out (a broadcast's early receivers do, when no fingerprint
+    check holds every rank at the door); if that leaves no one, counts were not comparable
+    (subgroup collectives between) and every finished member is named.
+    """
+    absent: set[int] = set()
+    for rank in waiting:
+        slot = slots[rank]
+        needed = finished if slot.on_world or slot.members is None else slot.members & finished
+        short = {r for r in needed if slots[r].entered < slot.entered}
+        absent |= short or needed
+    return sorted(absent)
+
+
+def skipped_headline(absent: list[int], waiting: list[int], slots: dict[int, SlotReading],
+                     how: str) -> str:  # fmt: skip
+    """ "rank(s) [2] finished without joining #3 all_reduce(...), which rank(s) [0, 1] <how>"."""
+    collective = slots[waiting[0]].last.split(" at ", 1)[0]
+    return f"rank(s) {absent} finished without joining {collective}, which rank(s) {waiting} {how}"
+
+
 def blame(
     cause: int,
     replies: dict[int, Reply],
@@ -160,7 +188,7 @@ def blame(
     """The headline naming the cause and how it failed, and one line per victim: the ranks then
     blocked in (or failing out of) a collective, waiting on it."""
     died = isinstance(replies.get(cause), Died) or cause not in replies
-    how = why if died else _exception_line(why)
+    how = why if died else exception_line(why)
     injected = "; ".join(f"injected: {line}" for line in fired.get(cause, ()))
     headline = f"rank {cause} failed first: {how}" + (f" ({injected})" if injected else "")
     victims = []
@@ -178,7 +206,7 @@ def blame(
             text = getattr(reply, "text", None) or getattr(reply, "why", "")
             if where:
                 victims.append(f"rank {rank}: failed waiting on rank {cause} in {where}: "
-                               f"{_exception_line(text)}")  # fmt: skip
+                               f"{exception_line(text)}")  # fmt: skip
             else:
-                victims.append(f"rank {rank}: also failed: {_exception_line(text)}")
+                victims.append(f"rank {rank}: also failed: {exception_line(text)}")
     return headline, victims

@@ -49,6 +49,8 @@ EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
 FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
 NODES, T_NODES = "refddp/testing/nodes.py", "tests/multiproc/test_harness_nodes.py"
 REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
+T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
+T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
@@ -1153,5 +1155,56 @@ MUTANTS = (
         "return torch.stack([torch.linalg.vector_norm(g) for g in grads]).sum()",
         ("tests/unit/test_total_norm.py::test_the_total_norm_is_clippings_with_or_without"
          "_get_total_norm",),
+    ),
+    Mutant(
+        "async-wait-untraced",
+        "a rank skipping any collective is named in seconds",
+        COLLECTIVES,
+        "    dist.Work.wait = _traced_wait\n",
+        "",
+        (f"{T_SKIPPED}::test_async_reduce_scatter_skipped_by_one_rank_is_named_within_seconds",),
+    ),
+    Mutant(
+        "only-confirmed-ranks-named",
+        "a rank skipping any collective is named in seconds",
+        POOL,
+        "        return doomed if confirmed else []",
+        "        return [r for r in doomed if now - suspects[r][1] >= ONE_SIDED_CONFIRM_S]",
+        (f"{T_SKIPPED}::test_async_reduce_scatter_skipped_by_one_rank_is_named_within_seconds",),
+    ),
+    Mutant(
+        "peer-of-a-receive-ignored",
+        "a rank skipping any collective is named in seconds",
+        POOL,
+        "            waits_on_finished = slot.on_world or bool(slot.members and slot.members & finished)",
+        "            waits_on_finished = slot.on_world",
+        (f"{T_SKIPPED}::test_receive_from_a_rank_that_finished_is_named_while_others_still_work",),
+    ),
+    Mutant(
+        "outsider-blamed-for-a-subgroup",
+        "a rank skipping any collective is named in seconds",
+        REPORTS,
+        "        needed = finished if slot.on_world or slot.members is None else slot.members & finished",
+        "        needed = finished",
+        (
+            f"{T_SKIP_BLAME}::test_a_finished_rank_outside_the_subgroup_is_not_blamed",
+            f"{T_SKIPPED}::test_subgroup_collective_skipped_blames_the_member_not_the_outsider",
+        ),
+    ),
+    Mutant(
+        "ranks-through-the-collective-blamed",
+        "a rank skipping any collective is named in seconds",
+        REPORTS,
+        "        absent |= short or needed",
+        "        absent |= needed",
+        (f"{T_SKIP_BLAME}::test_a_rank_that_went_through_the_collective_is_not_blamed",),
+    ),
+    Mutant(
+        "failed-in-a-skipped-collective-unblamed",
+        "a rank skipping any collective is named in seconds",
+        POOL,
+        "            elif absent:\n",
+        "            elif False:\n",
+        (f"{T_SKIPPED}::test_subgroup_collective_skipped_blames_the_member_not_the_outsider",),
     ),
 )
