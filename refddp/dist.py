@@ -13,6 +13,7 @@ import datetime
 import gc
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -334,6 +335,35 @@ def end_process(main: Callable[[], int]) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+# gloo's words for a peer gone mid-collective, and the peer's address: "Connection closed by
+# peer [10.0.0.2]:5279", "Connection reset by peer [...]", "Read error [...]".
+_LOST_PEER = re.compile(
+    r"(Connection closed by peer|Connection reset by peer|Read error|Write error|Broken pipe)"
+    r"[^\[\n]*\[([0-9A-Fa-f.:]+)\]:\d+"
+)
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """One line for a collective that failed because a peer went away, naming the node by its
+    host name and address (gloo names only the address); None for any other error."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = _LOST_PEER.search(str(seen))
+        if found:
+            how, address = found.group(1), found.group(2)
+            try:  # the cluster's hosts file or DNS: "node1 (10.0.0.2)"
+                node = f"{socket.gethostbyaddr(address)[0]} ({address})"
+            except OSError:
+                node = address
+            return (
+                f"rank {rank()}: lost the connection to {node} in a collective "
+                f"({how[0].lower() + how[1:]}): the ranks on that node died or its link "
+                "failed; every rank stops, and a rerun resumes from the last checkpoint"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def rank() -> int:

@@ -36,6 +36,7 @@ from refddp.dist import (
     RankZeroError,
     end_process,
     init_distributed,
+    lost_peer,
     setup_logging,
     teardown,
     under_torchrun,
@@ -235,6 +236,12 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     except (RankZeroError, ckpt.RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # a node lost mid-collective: named, on every rank left
+        lost = lost_peer(exc)
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr)
         return 1
     finally:
         teardown()

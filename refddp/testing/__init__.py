@@ -7,11 +7,15 @@ Outside pytest::
     from refddp.testing import faults, spawn_ranks
     results = spawn_ranks(fn, 3, world_size=4)   # one result per rank, ordered by rank
     spawn_ranks(fn, world_size=4, nnodes=2, faults=[faults.kill(1, at=3)])
+
+``Cluster(n)`` makes n real nodes on one Linux machine (network namespaces; root) for tests of
+multi-node jobs: ``refddp/testing/cluster.py``.
 """
 
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Cluster",
     "DistContext",
     "DistributedTestCase",
     "RankContext",
@@ -30,6 +34,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from refddp.testing import faults
+    from refddp.testing.cluster import Cluster
     from refddp.testing.collectives import record_collectives
     from refddp.testing.context import (
         DistContext,
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
     from refddp.testing.warm_pools import shutdown_pools, spawn_ranks
 
 _HOMES = {
+    "Cluster": "cluster",
     "record_collectives": "collectives",
     "DistContext": "context",
     "RankContext": "context",

@@ -51,6 +51,7 @@ NODES, T_NODES = "refddp/testing/nodes.py", "tests/multiproc/test_harness_nodes.
 REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
 T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
+CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
@@ -1206,5 +1207,30 @@ MUTANTS = (
         "            elif absent:\n",
         "            elif False:\n",
         (f"{T_SKIPPED}::test_subgroup_collective_skipped_blames_the_member_not_the_outsider",),
+    ),
+    Mutant(
+        "cluster-outlives-its-test", "a cluster leaves nothing behind", CLUSTER,
+        "        remove([n.namespace for n in self.nodes] + [self.switch])\n", "",
+        (f"{T_CLUSTER}::test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",),
+    ),
+    Mutant(
+        "no-reaper-for-a-killed-run", "a cluster leaves nothing behind", CLUSTER,
+        "        _reap(int(sys.argv[2]), sys.argv[3:])", "        pass",
+        (f"{T_CLUSTER}::test_a_killed_test_run_leaves_no_namespace_behind",),
+    ),
+    Mutant(
+        "dead-runs-clusters-kept", "a cluster leaves nothing behind", CLUSTER,
+        "    remove(stale)\n", "",
+        (f"{T_CLUSTER}::test_a_new_cluster_removes_what_a_dead_process_left",),
+    ),
+    Mutant(
+        "node-names-unresolvable", "nodes resolve each other by host name", CLUSTER,
+        "                f.write(hosts)", "                f.write('')",
+        (f"{T_CLUSTER}::test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",),
+    ),
+    Mutant(
+        "lost-node-unnamed", "a node lost mid-run is named", "refddp/train.py",
+        "        lost = lost_peer(exc)\n", "        lost = None\n",
+        (f"{T_CLUSTER}::test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact",),
     ),
 )

@@ -1,0 +1,243 @@
+"""A cluster of real nodes on one Linux machine, for tests of multi-node jobs.
+
+Each node is a network namespace with one interface, ``eth0``, and an address of its own on a
+private subnet; a bridge in a namespace of its own joins them (the machine's own network is
+never touched). A command run on node k gets the node's host name (a UTS namespace) and an
+``/etc/hosts`` that names every node (``/etc/netns/<namespace>/hosts``, which ``ip netns exec``
+mounts over the machine's), so host names resolve to the nodes' addresses, as on a cluster, and
+gloo, binding to the address its host name resolves to, talks over the bridge. A node's link
+can be cut and restored (its bridge port set down: the cable pulled) or rate-limited (``tc
+tbf``); a node can be killed (every process in its namespace, SIGKILL).
+
+Creating namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); ``unavailable()`` says in
+one line why a cluster cannot be made here, for a test to skip on. Nothing outlives a cluster:
+``close()`` (also at the end of a ``with`` block) kills what runs on its nodes and deletes its
+namespaces (their interfaces with them) and hosts files; a reaper process does the same if the
+process that made the cluster dies first (a killed test run), and each new cluster first
+removes what a dead process left.
+
+    with Cluster(2) as cluster:
+        node = cluster.popen(1, ["python", "-m", "torch.distributed.run", ...])
+        cluster.cut(1)  # node 1's link down
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+PREFIX = "refddp-"  # every namespace a cluster makes: refddp-<pid>-<n>-<node|switch>
+SUBNET = "10.213.0"  # private to the cluster's own namespaces
+_made = itertools.count()
+_NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(\w+)$")
+
+
+class Node(NamedTuple):
+    index: int
+    hostname: str  # "node0"
+    address: str  # "10.213.0.1"
+    namespace: str
+
+
+def unavailable() -> str | None:
+    """Why no cluster can be made here, in one line; None when one can."""
+    if not sys.platform.startswith("linux"):
+        return "a cluster of network namespaces needs Linux"
+    for tool in ("ip", "unshare", "tc"):
+        if shutil.which(tool) is None:
+            return f"a cluster needs the `{tool}` command (iproute2, util-linux)"
+    if os.geteuid() != 0:
+        return ("a cluster of network namespaces needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); "
+                "run the cluster tests as root, e.g. in CI's container")  # fmt: skip
+    probe = f"{PREFIX}{os.getpid()}-probe-switch"
+    made = _ip("netns", "add", probe, check=False)
+    _ip("netns", "del", probe, check=False)
+    if made.returncode:
+        return f"cannot make a network namespace here: {made.stderr.strip() or made.returncode}"
+    return None
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _namespaces() -> list[str]:
+    listed = _ip("netns", "list", check=False).stdout.splitlines()
+    return [line.split()[0] for line in listed if line.startswith(PREFIX)]
+
+
+def _kill_inside(namespace: str) -> None:
+    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def remove(namespaces: Sequence[str]) -> None:
+    """Kill what runs in ``namespaces``, delete them and their hosts files (idempotent)."""
+    for namespace in namespaces:
+        _kill_inside(namespace)
+    for namespace in namespaces:
+        _ip("netns", "del", namespace, check=False)
+        shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+
+
+def sweep() -> list[str]:
+    """Remove the namespaces of clusters whose process has died; the names removed."""
+    stale = [n for n in _namespaces() if (m := _NAME.match(n)) and not _alive(int(m.group(1)))]
+    remove(stale)
+    return stale
+
+
+class Cluster:
+    """``nnodes`` nodes joined by a bridge (see the module's docstring)."""
+
+    def __init__(self, nnodes: int = 2):
+        if not 1 <= nnodes <= 200:
+            raise ValueError(f"nnodes must be 1-200, not {nnodes}")
+        reason = unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        sweep()
+        tag = f"{PREFIX}{os.getpid()}-{next(_made)}"
+        self.switch = f"{tag}-switch"
+        self.nodes = [Node(k, f"node{k}", f"{SUBNET}.{k + 1}", f"{tag}-node{k}")
+                      for k in range(nnodes)]  # fmt: skip
+        self._reaper: subprocess.Popen | None = None
+        self._procs: list[subprocess.Popen] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        names = [self.switch] + [n.namespace for n in self.nodes]
+        # The reaper first: from here on, the namespaces go when this process does.
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "refddp.testing.cluster", "--reap", str(os.getpid()), *names],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        _ip("netns", "add", self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
+        for node in self.nodes:
+            _ip("netns", "add", node.namespace)
+            port = f"port{node.index}"
+            _ip("link", "add", "eth0", "netns", node.namespace, "type", "veth",
+                "peer", "name", port, "netns", self.switch)  # fmt: skip
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", "eth0")
+            _ip("-n", node.namespace, "link", "set", "eth0", "up")
+            _ip("-n", node.namespace, "link", "set", "lo", "up")
+            os.makedirs(f"/etc/netns/{node.namespace}", exist_ok=True)
+            with open(f"/etc/netns/{node.namespace}/hosts", "w") as f:
+                f.write(hosts)
+
+    # -- running things on a node -----------------------------------------------------------
+
+    def command(self, k: int, argv: Sequence[str], hostname: str | None = None) -> list[str]:
+        """``argv`` as run on node ``k``: in its namespace, under its host name (or
+        ``hostname``, to plant a misconfigured one)."""
+        node = self.nodes[k]
+        return ["ip", "netns", "exec", node.namespace, "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && exec "$@"', hostname or node.hostname, *argv]  # fmt: skip
+
+    def popen(self, k: int, argv: Sequence[str], hostname: str | None = None,
+              **kwargs: Any) -> subprocess.Popen:  # fmt: skip
+        """Start ``argv`` on node ``k`` (``subprocess.Popen``'s keywords apply); it is killed
+        with the node or the cluster."""
+        proc = subprocess.Popen(self.command(k, argv, hostname), **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def run(self, k: int, argv: Sequence[str], timeout: float = 60, **kwargs: Any):
+        """Run ``argv`` on node ``k`` to completion, output captured as text."""
+        return subprocess.run(self.command(k, argv), capture_output=True, text=True,
+                              timeout=timeout, **kwargs)  # fmt: skip
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def kill(self, k: int) -> None:
+        """Node ``k`` dies: every process in its namespace is SIGKILLed."""
+        _kill_inside(self.nodes[k].namespace)
+
+    def cut(self, k: int) -> None:
+        """Pull node ``k``'s cable: its bridge port goes down; packets are lost, no reset sent."""
+        _ip("-n", self.switch, "link", "set", f"port{k}", "down")
+
+    def restore(self, k: int) -> None:
+        _ip("-n", self.switch, "link", "set", f"port{k}", "up")
+
+    def slow(self, k: int, rate: str = "1mbit") -> None:
+        """Limit node ``k``'s link to ``rate`` both ways (``tc tbf``)."""
+        for namespace, dev in ((self.switch, f"port{k}"), (self.nodes[k].namespace, "eth0")):
+            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev,
+                            "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"],
+                           check=True, capture_output=True)  # fmt: skip
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        return [self.switch] + [n.namespace for n in self.nodes]
+
+    def close(self) -> None:
+        """Kill everything on the nodes and remove the cluster (idempotent)."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+        remove([n.namespace for n in self.nodes] + [self.switch])
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._reaper is not None and self._reaper.poll() is None:
+            self._reaper.kill()
+            self._reaper.wait()
+        self._reaper = None
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _reap(owner: int, namespaces: list[str]) -> None:
+    """Wait for ``owner`` to die, then remove its cluster's namespaces."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the test run
+    while _alive(owner):
+        time.sleep(0.5)
+    remove(namespaces)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[1] == "--reap":
+        _reap(int(sys.argv[2]), sys.argv[3:])

@@ -1,0 +1,31 @@
+"""A collective that lost its peer names the node (``refddp.dist.lost_peer``): gloo's message
+names only an address."""
+
+import pytest
+
+from refddp.dist import lost_peer
+
+GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[{}]:5279. This is typically caused by a remote worker crashing.")  # fmt: skip
+
+
+def test_the_lost_peer_is_named_by_host_name_and_address():
+    line = lost_peer(RuntimeError(GLOO.format("127.0.0.1")))
+    assert line is not None
+    assert "lost the connection to localhost (127.0.0.1) in a collective (connection closed by peer)" in line
+
+
+def test_an_unresolvable_address_is_named_as_it_is_and_a_wrapped_error_is_found():
+    try:
+        try:
+            raise RuntimeError(GLOO.format("192.0.2.77").replace("closed", "reset"))
+        except RuntimeError as exc:
+            raise ValueError("step failed") from exc
+    except ValueError as wrapped:
+        line = lost_peer(wrapped)
+    assert line is not None and "lost the connection to 192.0.2.77 in a collective" in line
+
+
+@pytest.mark.parametrize("text", ["CUDA out of memory", "Connection closed by peer", "[1.2.3.4]:5"])
+def test_other_errors_are_not_taken_for_a_lost_peer(text):
+    assert lost_peer(RuntimeError(text)) is None
