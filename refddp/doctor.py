@@ -27,6 +27,7 @@ from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli,
 from refddp.data import build_datasets
 from refddp.dist import end_process, init_distributed, rank0_then_meet, teardown, under_torchrun
 from refddp.launch import launch
+from refddp.network_checks import check_node, duplicate_host_names
 from refddp.stragglers import straggler_fields
 
 ENV_VARS = (
@@ -57,6 +58,7 @@ def _rank_report(device: torch.device) -> dict[str, Any]:
         "rank": dist.get_rank(),
         "local_rank": int(os.environ.get("LOCAL_RANK", dist.get_rank())),
         "host": socket.gethostname(),
+        "node_rank": int(os.environ.get("GROUP_RANK", 0)),  # torchrun's node rank
         "pid": os.getpid(),
         "device": str(device),
         "backend": dist.get_backend(),
@@ -217,6 +219,7 @@ def check(
     model = _model_report(c, ctx)
     timed = _step_report(c, ctx, steps) if shards["steps_per_epoch"] > steps and steps else None
     hosts = {r["host"] for r in reports}
+    problems += duplicate_host_names(reports)
     if c.device != "cpu" and torch.cuda.is_available():
         devices = [(r["host"], r["device"]) for r in reports]
         if len(set(devices)) < len(devices):
@@ -307,6 +310,22 @@ def _format_step_times(timed: dict[str, Any] | None) -> list[str]:
 ARGV_ENV = "REFDDP_DOCTOR_ARGV"  # the launcher's command line, as JSON, for its ranks
 
 
+def network_report(as_json: bool) -> int:
+    """``--network``: this node's checks, printed; 1 if any found a problem."""
+    result = check_node()
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        gloo = result["gloo"]
+        print(f"node {result['node']}: interfaces "
+              + ", ".join(f"{n} {a}" for n, a in result["interfaces"].items()))  # fmt: skip
+        print(f"  gloo listens on {gloo['interface']} {gloo['address']} (from {gloo['from']})")
+        print(f"  MASTER_ADDR:MASTER_PORT: {result['master']}")
+        lines = [f"PROBLEM: {p}" for p in result["problems"]] or ["OK: no problems found"]
+        print("\n".join(lines))
+    return 1 if result["problems"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m refddp.doctor", description=__doc__)
     parser.add_argument(
@@ -331,9 +350,18 @@ def main(argv: list[str] | None = None) -> int:
         help="training YAML whose data/batch settings to check; "
         "training flags (--batch-size, --data, ...) work too",
     )
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="check this node's network for a multi-node job, without starting ranks: where "
+        "gloo will listen, whether the host name resolves to this node, whether MASTER_ADDR:"
+        "MASTER_PORT is reachable; run it on every node",
+    )
     if argv is None:
         argv = json.loads(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else sys.argv[1:]
     args, rest = parser.parse_known_args(argv)
+    if args.network:
+        return network_report(args.json)
     try:
         cli, _ = parse_cli(rest)
         c = merge(cli, load_yaml(args.config) if args.config else {})

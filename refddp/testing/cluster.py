@@ -157,7 +157,7 @@ class Cluster:
             _ip("-n", node.namespace, "link", "set", "eth0", "up")
             _ip("-n", node.namespace, "link", "set", "lo", "up")
             os.makedirs(f"/etc/netns/{node.namespace}", exist_ok=True)
-            with open(f"/etc/netns/{node.namespace}/hosts", "w") as f:
+            with open(self.hosts_file(node.index), "w") as f:
                 f.write(hosts)
 
     # -- running things on a node -----------------------------------------------------------
@@ -203,6 +203,10 @@ class Cluster:
                            check=True, capture_output=True)  # fmt: skip
 
     # -- life cycle --------------------------------------------------------------------------
+
+    def hosts_file(self, k: int) -> str:
+        """Node ``k``'s ``/etc/hosts`` (every node named), to plant a bad entry in."""
+        return f"/etc/netns/{self.nodes[k].namespace}/hosts"
 
     def namespaces(self) -> list[str]:
         return [self.switch] + [n.namespace for n in self.nodes]

@@ -59,6 +59,14 @@ def finish(nodes, timeout: float = 180) -> list[tuple[int, str]]:
     return [(node.returncode, out) for node, out in zip(nodes, outputs, strict=True)]
 
 
+def until_first_checkpoint(out: Path, timeout: float = 120) -> None:
+    checkpoint = out / "checkpoints" / "checkpoint_latest.pth"
+    deadline = time.monotonic() + timeout
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert checkpoint.exists(), "the job got as far as its first checkpoint"
+
+
 def weights(out: Path) -> dict:
     state = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
     return {"step": state["step"], **state["model_state_dict"]}
@@ -167,11 +175,7 @@ def test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact(tm
     commands = [torchrun(k, out, job_flags(tiny), nproc=1) for k in range(2)]
     with Cluster(2) as cluster:
         nodes = start_nodes(cluster, commands, slow)
-        checkpoint = out / "checkpoints" / "checkpoint_latest.pth"
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert checkpoint.exists(), "the job got as far as its first checkpoint"
+        until_first_checkpoint(out)
         killed = time.monotonic()
         cluster.kill(1)
         code, log = finish(nodes[:1], timeout=120)[0]
@@ -197,11 +201,7 @@ def test_a_link_cut_mid_run_ends_every_rank_within_the_timeout_and_the_rerun_is_
     commands = [torchrun(k, out, job_flags(tiny, timeout=timeout), nproc=1) for k in range(2)]
     with Cluster(2) as cluster:
         nodes = start_nodes(cluster, commands, slow)
-        checkpoint = out / "checkpoints" / "checkpoint_latest.pth"
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert checkpoint.exists(), "the job got as far as its first checkpoint"
+        until_first_checkpoint(out)
         cut = time.monotonic()
         cluster.cut(1)
         results = finish(nodes, timeout=180)
@@ -217,3 +217,4 @@ def test_a_link_cut_mid_run_ends_every_rank_within_the_timeout_and_the_rerun_is_
         results = finish(start_nodes(cluster, commands))
     assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
     assert_same(weights(out), on_one_node(tmp_path / "one-node", 2))
+

@@ -52,6 +52,7 @@ REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
 T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
+NETWORK, T_NETWORK = "refddp/network_checks.py", "tests/multiproc/test_doctor_network.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
@@ -1232,5 +1233,26 @@ MUTANTS = (
         "lost-node-unnamed", "a node lost mid-run is named", "refddp/train.py",
         "        lost = lost_peer(exc)\n", "        lost = None\n",
         (f"{T_CLUSTER}::test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact",),
+    ),
+    Mutant(
+        "missing-gloo-interface-passes", "the doctor finds each planted network fault", NETWORK,
+        "        if missing:\n", "        if False:\n",
+        (f"{T_NETWORK}::test_a_gloo_interface_that_is_not_there_is_named",),
+    ),
+    Mutant(
+        "loopback-host-name-passes", "the doctor finds each planted network fault", NETWORK,
+        "    if ipaddress.ip_address(address).is_loopback:", "    if False:",
+        ("tests/unit/test_network_checks.py::test_loopback_is_a_problem_only_for_a_job_of_several_nodes",
+         f"{T_NETWORK}::test_a_host_name_resolving_to_loopback_is_named"),
+    ),
+    Mutant(
+        "foreign-host-name-passes", "the doctor finds each planted network fault", NETWORK,
+        "    if owner is None:\n", "    if False:\n",
+        (f"{T_NETWORK}::test_two_nodes_with_one_host_name_are_named",),
+    ),
+    Mutant(
+        "unreachable-master-passes", "the doctor finds each planted network fault", NETWORK,
+        '        return f"unreachable ({why})", [', '        return f"unreachable ({why})", [][:0] and [',
+        (f"{T_NETWORK}::test_an_unreachable_master_is_named",),
     ),
 )
