@@ -337,30 +337,45 @@ def end_process(main: Callable[[], int]) -> NoReturn:
     os._exit(code)
 
 
-# gloo's words for a peer gone mid-collective, and the peer's address: "Connection closed by
-# peer [10.0.0.2]:5279", "Connection reset by peer [...]", "Read error [...]".
+# gloo's words for a peer gone mid-collective, and the peer's address: "[.../gloo/transport/
+# tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:5279", "Connection reset by peer", ...
 _LOST_PEER = re.compile(
-    r"(Connection closed by peer|Connection reset by peer|Read error|Write error|Broken pipe)"
+    r"gloo/transport/\S*\] "
+    r"(Connection closed by peer|Connection reset by peer|Read error|Write error)"
     r"[^\[\n]*\[([0-9A-Fa-f.:]+)\]:\d+"
 )
 
 
+def _host_in_hosts_file(address: str, path: str = "/etc/hosts") -> str | None:
+    """The first name ``path`` gives ``address``. No DNS: a reverse lookup may wait for a
+    resolver that the failure itself cut off."""
+    try:
+        with open(path) as f:
+            for line in f:
+                fields = line.split("#", 1)[0].split()
+                if len(fields) > 1 and fields[0] == address:
+                    return fields[1]
+    except OSError:
+        pass
+    return None
+
+
 def lost_peer(exc: BaseException) -> str | None:
-    """One line for a collective that failed because a peer went away, naming the node by its
-    host name and address (gloo names only the address); None for any other error."""
+    """One line for a collective that failed because gloo lost a peer, naming its node by the
+    host name ``/etc/hosts`` gives its address (gloo names only the address); None for any
+    other error."""
     seen: BaseException | None = exc
     while seen is not None:
         found = _LOST_PEER.search(str(seen))
         if found:
             how, address = found.group(1), found.group(2)
-            try:  # the cluster's hosts file or DNS: "node1 (10.0.0.2)"
-                node = f"{socket.gethostbyaddr(address)[0]} ({address})"
-            except OSError:
-                node = address
+            name = _host_in_hosts_file(address)
+            node = f"{name} ({address})" if name else address
             return (
                 f"rank {rank()}: lost the connection to {node} in a collective "
-                f"({how[0].lower() + how[1:]}): the ranks on that node died or its link "
-                "failed; every rank stops, and a rerun resumes from the last checkpoint"
+                f"({how[0].lower() + how[1:]}): the ranks there died, its link failed, or "
+                "they stopped after losing another node; every rank stops, and a rerun "
+                "resumes from the last checkpoint"
             )
         seen = seen.__cause__ or seen.__context__
     return None

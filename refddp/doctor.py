@@ -315,12 +315,13 @@ def network_report(as_json: bool) -> int:
     result = check_node()
     if as_json:
         print(json.dumps(result, indent=2))
-    else:
+    elif result["interfaces"]:
         gloo = result["gloo"]
         print(f"node {result['node']}: interfaces "
               + ", ".join(f"{n} {a}" for n, a in result["interfaces"].items()))  # fmt: skip
         print(f"  gloo listens on {gloo['interface']} {gloo['address']} (from {gloo['from']})")
         print(f"  MASTER_ADDR:MASTER_PORT: {result['master']}")
+    if not as_json:
         lines = [f"PROBLEM: {p}" for p in result["problems"]] or ["OK: no problems found"]
         print("\n".join(lines))
     return 1 if result["problems"] else 0

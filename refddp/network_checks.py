@@ -12,18 +12,20 @@ torchrun will listen there).
 from __future__ import annotations
 
 import errno
-import fcntl
 import ipaddress
 import os
 import socket
 import struct
+import sys
 from typing import Any
 
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
 def interfaces() -> dict[str, str]:
-    """This node's interfaces that have an IPv4 address: name -> address."""
+    """This node's interfaces that have an IPv4 address: name -> address (Linux only)."""
+    import fcntl  # not on Windows: the doctor imports this module everywhere
+
     found = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
@@ -89,6 +91,8 @@ def master_reachable(node: str, timeout_s: float = 3.0) -> tuple[str, list[str]]
     if not addr:
         return "not set", []
     target = f"{addr}:{port}"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return "bad port", [f"{node}: MASTER_PORT={port!r} is not a port number (1-65535)"]
     if _resolve(addr) is None:
         return "does not resolve", [f"{node}: MASTER_ADDR {addr} does not resolve: give node "
                                     "0's address or a name every node resolves"]  # fmt: skip
@@ -110,7 +114,12 @@ def master_reachable(node: str, timeout_s: float = 3.0) -> tuple[str, list[str]]
 
 
 def check_node(timeout_s: float = 3.0) -> dict[str, Any]:
-    """Every check, on this node."""
+    """Every check, on this node. A host name on loopback counts as a problem only where
+    MASTER_ADDR names another machine: under c10d rendezvous set it to the rendezvous host
+    for this check."""
+    if not sys.platform.startswith("linux"):
+        return {"node": socket.gethostname(), "interfaces": {}, "gloo": {}, "master": "",
+                "problems": ["--network checks Linux nodes only"]}  # fmt: skip
     node = socket.gethostname()
     have = interfaces()
     master = _resolve(os.environ.get("MASTER_ADDR", "") or "localhost")

@@ -41,7 +41,7 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.error_file import USAGE, record_error
+from refddp.error_file import LAUNCHED_ENV, USAGE, record_error
 from refddp.launch import CONFIG_ENV, launch
 from refddp.models import build_model
 from refddp.slurm import srun_task
@@ -238,7 +238,9 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return 1
     except RuntimeError as exc:  # a node lost mid-collective: named, on every rank left
-        lost = lost_peer(exc)
+        # (Under refddp's own launcher the ranks share one machine: the launcher names the
+        # rank that died, and this rank's line would only repeat it as a victim's.)
+        lost = None if os.environ.get(LAUNCHED_ENV) else lost_peer(exc)
         if lost is None:
             raise
         print(f"error: {lost}", file=sys.stderr)

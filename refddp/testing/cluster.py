@@ -23,6 +23,7 @@ removes what a dead process left.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -37,7 +38,7 @@ from typing import Any, NamedTuple
 PREFIX = "refddp-"  # every namespace a cluster makes: refddp-<pid>-<n>-<node|switch>
 SUBNET = "10.213.0"  # private to the cluster's own namespaces
 _made = itertools.count()
-_NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(\w+)$")
+_NAME = re.compile(rf"^{PREFIX}(\d+)-")  # the pid of the process that made it
 
 
 class Node(NamedTuple):
@@ -47,8 +48,9 @@ class Node(NamedTuple):
     namespace: str
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why no cluster can be made here, in one line; None when one can."""
+    """Why no cluster can be made here, in one line; None when one can (asked once)."""
     if not sys.platform.startswith("linux"):
         return "a cluster of network namespaces needs Linux"
     for tool in ("ip", "unshare", "tc"):
@@ -88,12 +90,18 @@ def _namespaces() -> list[str]:
 
 
 def _kill_inside(namespace: str) -> None:
-    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+    """SIGKILL every process in ``namespace``, again until none is left (one may have forked
+    between the listing and the kill): deleting a namespace's name does not stop them."""
+    for _ in range(50):
+        pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        time.sleep(0.02)
 
 
 def remove(namespaces: Sequence[str]) -> None:
@@ -137,10 +145,12 @@ class Cluster:
     def _build(self) -> None:
         names = [self.switch] + [n.namespace for n in self.nodes]
         # The reaper first: from here on, the namespaces go when this process does.
+        # By path, isolated (-I) and from "/": it runs as root, so no module from the test's
+        # working directory may shadow anything it imports.
         self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "refddp.testing.cluster", "--reap", str(os.getpid()), *names],
+            [sys.executable, "-I", os.path.abspath(__file__), "--reap", str(os.getpid()), *names],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, cwd="/",
         )  # fmt: skip
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")

@@ -253,10 +253,14 @@ def enable_fingerprint_check(helper_group: Any) -> None:
 
 
 def _write_slot(state: bytes, text: str, members: str = "*") -> None:
-    """The slot holds the state byte, who the collective waits on ("*", "0,2" or "?"), a
-    unit separator, then the text the reports show."""
+    """The slot holds the state byte, who the collective waits on ("*", "0,2" or "?": a list
+    too long for the slot counts as unknown), the task's collective count, then the text the
+    reports show, separated by unit separators."""
     if _slot is not None:
-        data = (state + members.encode() + b"\x1f" + text.encode())[: _SLOT_BYTES - 1]
+        if len(members) > _SLOT_BYTES // 2:
+            members = "?"
+        fields = f"{members}\x1f{_count}\x1f{text}".encode()
+        data = (state + fields)[: _SLOT_BYTES - 1]
         _slot[:] = data + b"\0" * (_SLOT_BYTES - len(data))
 
 
@@ -311,11 +315,11 @@ def _wrap(name: str, fn: Any) -> Any:
     return traced
 
 
-def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's signature)
     """``Work.wait`` that marks the rank as inside the async collective it waits on, so a peer
     that never joins it is reported as fast as for a blocking call."""
     global _failed
-    entry = _in_flight.pop(work, None) if _slot is not None else None
+    entry = _in_flight.get(work) if _slot is not None else None
     if entry is None:
         return _original_wait(work, *args, **kwargs)
     state, members, label = entry
@@ -323,13 +327,17 @@ def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:
     where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
     _write_slot(state, f"{label} at {where}", members)
     try:
-        return _original_wait(work, *args, **kwargs)
+        done = _original_wait(work, *args, **kwargs)
     except BaseException as exc:
+        _in_flight.pop(work, None)
         _failed = (exc, label)
         raise
     finally:
         if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
             _slot[:1] = _STATE_OUTSIDE
+    if work.is_completed():  # (a wait with a timeout may return before: waited on again)
+        _in_flight.pop(work, None)
+    return done
 
 
 def install(slot_path: str | None = None) -> None:
@@ -361,28 +369,31 @@ class SlotReading(NamedTuple):
     inside: bool  # still blocked in it
     on_world: bool  # it involves every rank of the default group
     members: frozenset[int] | None = None  # else the global ranks it needs; None if unknown
-
-    @property
-    def entered(self) -> int:
-        """How many collectives the rank entered in the task (the N of "#N barrier() ...")."""
-        return int(self.last.split(" ", 1)[0].lstrip("#")) if self.last.startswith("#") else 0
+    entered: int = 0  # collectives the rank entered in the task so far
 
 
 def read_slot(slot_path: str) -> SlotReading:
-    """The last collective a rank entered, as written to its slot file."""
+    """The last collective a rank entered, as written to its slot file. The rank may be
+    writing it meanwhile: a torn read gives a garbled text and unknown members, never an
+    error."""
     try:
         with open(slot_path, "rb") as f:
             data = f.read(_SLOT_BYTES)
     except OSError:
         return SlotReading("", False, False)
     state, rest = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
-    who, _, text = rest.partition("\x1f")
+    who, _, rest = rest.partition("\x1f")
+    count, _, text = rest.partition("\x1f")
     members = None
-    if who not in ("*", "?", ""):
-        members = frozenset(int(r) for r in who.split(","))
+    try:
+        if who not in ("*", "?", ""):
+            members = frozenset(int(r) for r in who.split(","))
+        entered = int(count or 0)
+    except ValueError:
+        members, entered = None, 0
     # Who the collective waits on stays written after it returned or raised (only the state
     # byte is reset): a failed rank's report can still tell which ranks its collective needed.
-    return SlotReading(text, state != _STATE_OUTSIDE, who == "*", members)
+    return SlotReading(text, state != _STATE_OUTSIDE, who == "*", members, entered)
 
 
 @contextlib.contextmanager

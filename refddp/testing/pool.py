@@ -45,6 +45,7 @@ from refddp.testing.protocol import (
 from refddp.testing.reports import (
     PoolFiles,
     blame,
+    blocked_for_good,
     exception_line,
     find_cause,
     finished_without_joining,
@@ -323,28 +324,23 @@ class RankPool:
                 if isinstance(replies[rank], FAILURES):
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
             if finished and pending:
-                stuck = self._stuck_alone(sorted(pending.values()), set(replies), suspects)
+                stuck = self._stuck_alone(sorted(pending.values()), suspects)
                 if stuck:
                     return replies, stuck
         return replies, []
 
-    def _stuck_alone(
-        self, pending: list[int], finished: set[int], suspects: dict[int, tuple[str, float]]
-    ) -> list[int]:
-        """Pending ranks blocked in a collective that a finished rank takes part in (it can
-        never complete), once one of them has sat in the same collective for
-        ONE_SIDED_CONFIRM_S. Where a collective's members are unknown (a group built from a
-        backend class, a receive from any source) only a rank left alone counts."""
-        now, doomed, confirmed = time.monotonic(), [], False
+    def _stuck_alone(self, pending: list[int], suspects: dict[int, tuple[str, float]]) -> list[int]:
+        """The ranks blocked for good (``reports.blocked_for_good``: waiting only on finished
+        ranks and on one another), once one of them has sat in the same collective for
+        ONE_SIDED_CONFIRM_S (a collective about to complete changes its slot first)."""
+        now, confirmed = time.monotonic(), False
+        slots = {r: read_slot(slot_path_for(self.workdir, r)) for r in pending}
+        doomed = blocked_for_good(pending, slots, self.world_size)
         for rank in pending:
-            slot = read_slot(slot_path_for(self.workdir, rank))
-            waits_on_finished = slot.on_world or bool(slot.members and slot.members & finished)
-            if not (slot.inside and (waits_on_finished or len(pending) == 1)):
+            if rank not in doomed:
                 suspects.pop(rank, None)
-                continue
-            doomed.append(rank)
-            if rank not in suspects or suspects[rank][0] != slot.last:
-                suspects[rank] = (slot.last, now)
+            elif rank not in suspects or suspects[rank][0] != slots[rank].last:
+                suspects[rank] = (slots[rank].last, now)
             elif now - suspects[rank][1] >= ONE_SIDED_CONFIRM_S:
                 confirmed = True
         return doomed if confirmed else []

@@ -149,6 +149,35 @@ def find_cause(
     return min(candidates, key=lambda r: (getattr(failed[r], "at", 0.0), r))
 
 
+def blocked_for_good(pending: list[int], slots: dict[int, SlotReading], world_size: int
+                     ) -> list[int]:  # fmt: skip
+    """The pending ranks that wait in a collective no running rank can ever help complete.
+
+    A pending rank can still progress if it is in no collective, or if its collective's
+    members are unknown (a group built from a backend class), or if one of those members is
+    itself able to progress: a member still on its way (a rooted ``gather`` whose root waits
+    for a late member is no hang), or one waiting in another collective that can complete.
+    Whatever is left waits only on finished ranks and on one another: a certain hang. A rank
+    alone in a collective, every other rank finished, is one too, members known or not.
+    """
+    if len(pending) == 1:
+        return pending if slots[pending[0]].inside else []
+
+    def members(rank: int) -> frozenset[int] | None:
+        slot = slots[rank]
+        return frozenset(range(world_size)) if slot.on_world else slot.members
+
+    live = {r for r in pending if not slots[r].inside or members(r) is None}
+    grew = True
+    while grew:  # members that can progress let the ranks waiting on them progress too
+        grew = False
+        for rank in pending:
+            if rank not in live and any(m in live for m in members(rank) - {rank}):
+                live.add(rank)
+                grew = True
+    return [r for r in pending if r not in live]
+
+
 def finished_without_joining(
     waiting: list[int], finished: set[int], slots: dict[int, SlotReading]
 ) -> list[int]:

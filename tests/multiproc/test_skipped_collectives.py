@@ -134,3 +134,21 @@ def test_any_skipped_collective_names_the_rank_that_skipped(spawn, data, kind, a
                                                             on_subgroup, lag, checked):  # fmt: skip
     skipper = data.draw(st.sampled_from(SUBGROUP if on_subgroup else list(range(WORLD))))
     check_reported(spawn, skipper, kind, async_op, on_subgroup, lag, checked)
+
+
+def gather_with_a_late_member():
+    group = dist.new_group(SUBGROUP)
+    rank = dist.get_rank()
+    if rank == 2:
+        time.sleep(4)  # still computing while rank 1 has sent its part and finished
+    if rank in SUBGROUP:
+        parts = [torch.zeros(2) for _ in SUBGROUP] if rank == 0 else None
+        dist.gather(torch.full((2,), float(rank)), parts, dst=0, group=group)
+        return [p.tolist() for p in parts] if parts else None
+    return None
+
+
+def test_a_root_waiting_for_a_late_member_is_no_hang(spawn):
+    # A correct program: rank 1 is through the gather and done, rank 0 waits for rank 2.
+    results = spawn(gather_with_a_late_member, world_size=WORLD, timeout=DEADLINE)
+    assert results[0] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]

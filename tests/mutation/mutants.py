@@ -621,7 +621,7 @@ MUTANTS = (
     ),
     Mutant(
         "headline-is-the-messages-last-line", "a report's headline is the failing assertion",
-        REPORTS, "    how = why if died else _exception_line(why)",
+        REPORTS, "    how = why if died else exception_line(why)",
         "    how = why if died else _last_line(why)",
         ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_and_a_failed_subtest_fails",),
     ),
@@ -1173,14 +1173,27 @@ MUTANTS = (
         "        return doomed if confirmed else []",
         "        return [r for r in doomed if now - suspects[r][1] >= ONE_SIDED_CONFIRM_S]",
         (f"{T_SKIPPED}::test_async_reduce_scatter_skipped_by_one_rank_is_named_within_seconds",),
+        equivalent="ranks become blocked for good together, when the last rank that could "
+        "help stops being able to (blocked_for_good's fixed point), so their confirmation "
+        "timers start at the same poll; only a blocked rank whose slot text changes (a retry "
+        "loop re-entering its collective) would tell the two apart",
     ),
     Mutant(
         "peer-of-a-receive-ignored",
         "a rank skipping any collective is named in seconds",
-        POOL,
-        "            waits_on_finished = slot.on_world or bool(slot.members and slot.members & finished)",
-        "            waits_on_finished = slot.on_world",
+        COLLECTIVES,
+        '        return "?" if peer is None else str(peer)',
+        '        return "?"',
         (f"{T_SKIPPED}::test_receive_from_a_rank_that_finished_is_named_while_others_still_work",),
+    ),
+    Mutant(
+        "late-member-taken-for-a-hang",
+        "a correct program is never reported as a hang",
+        REPORTS,
+        "            if rank not in live and any(m in live for m in members(rank) - {rank}):",
+        "            if False:",
+        (f"{T_SKIP_BLAME}::test_a_root_waiting_for_a_member_still_on_its_way_is_not_blocked_for_good",
+         f"{T_SKIPPED}::test_a_root_waiting_for_a_late_member_is_no_hang"),
     ),
     Mutant(
         "outsider-blamed-for-a-subgroup",
@@ -1231,7 +1244,8 @@ MUTANTS = (
     ),
     Mutant(
         "lost-node-unnamed", "a node lost mid-run is named", "refddp/train.py",
-        "        lost = lost_peer(exc)\n", "        lost = None\n",
+        "        lost = None if os.environ.get(LAUNCHED_ENV) else lost_peer(exc)\n",
+        "        lost = None\n",
         (f"{T_CLUSTER}::test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact",),
     ),
     Mutant(

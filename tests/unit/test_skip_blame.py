@@ -2,12 +2,13 @@
 less the ones that took part and got out (``reports.finished_without_joining``)."""
 
 from refddp.testing.collectives import SlotReading
-from refddp.testing.reports import finished_without_joining
+from refddp.testing.reports import blocked_for_good, finished_without_joining
 
 
 def slot(last: str, inside: bool = False, members: frozenset[int] | None = None,
          on_world: bool = True) -> SlotReading:  # fmt: skip
-    return SlotReading(last, inside, on_world, members)
+    entered = int(last.split(" ", 1)[0].lstrip("#")) if last else 0
+    return SlotReading(last, inside, on_world, members, entered)
 
 
 def test_a_world_collective_blames_every_finished_rank_that_did_not_reach_it():
@@ -54,3 +55,30 @@ def test_unknown_members_or_incomparable_counts_name_every_finished_candidate():
     later = slot("#7 barrier() at t.py:8 in f")
     waiting = slot("#3 all_reduce((4,):float32, SUM) at t.py:3 in f", inside=True)
     assert finished_without_joining([0], {1, 2}, {0: waiting, 1: later, 2: later}) == [1, 2]
+
+
+GATHER = "#1 gather((2,):float32, dst=0, group=[0, 1, 2]) at t.py:4 in f"
+
+
+def test_a_root_waiting_for_a_member_still_on_its_way_is_not_blocked_for_good():
+    group = frozenset({0, 1, 2})
+    root = slot(GATHER, inside=True, members=group, on_world=False)
+    late = slot("", inside=False)  # rank 2: computing, not yet in the gather
+    slots = {0: root, 2: late}
+    assert blocked_for_good([0, 2], slots, 4) == []  # rank 1 sent its part and finished
+    # Rank 2 waits elsewhere, on rank 3 who is still on its way: it can still come.
+    elsewhere = slot("#1 all_reduce((4,):float32, SUM, group=[2, 3]) at t.py:9 in f",
+                     inside=True, members=frozenset({2, 3}), on_world=False)  # fmt: skip
+    slots = {0: root, 2: elsewhere, 3: slot("")}
+    assert blocked_for_good([0, 2, 3], slots, 4) == []
+    # Rank 3 finished instead: rank 2 can never leave its all-reduce, nor rank 0 its gather.
+    assert blocked_for_good([0, 2], {0: root, 2: elsewhere}, 4) == [0, 2]
+
+
+def test_ranks_waiting_only_on_finished_ranks_are_blocked_for_good():
+    world = slot("#2 all_reduce((4,):float32, SUM) at t.py:3 in f", inside=True)
+    unknown = slot("#2 all_reduce((4,):float32, SUM, group=unregistered(2)) at t.py:3 in f",
+                   inside=True, on_world=False)  # fmt: skip
+    assert blocked_for_good([1, 3], {1: world, 3: world}, 4) == [1, 3]
+    assert blocked_for_good([1, 3], {1: world, 3: unknown}, 4) == [], "unknown: may progress"
+    assert blocked_for_good([3], {3: unknown}, 4) == [3], "alone: certain"
