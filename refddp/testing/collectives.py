@@ -86,7 +86,7 @@ _NONBLOCKING = {"isend", "irecv", "batch_isend_irecv"}
 _FINGERPRINT_BYTES = 256
 
 _ROOT_ARGS = (("src", "group_src"), ("dst", "group_dst"))
-_STATE_OUTSIDE, _STATE_IN_WORLD, _STATE_IN_SUBGROUP = b"-", b"W", b"G"
+_STATE_OUTSIDE, _STATE_INSIDE = b"-", b"I"  # who it waits on is the slot's members field
 
 _installed = False
 _slot: mmap.mmap | None = None
@@ -95,9 +95,9 @@ _count = 0  # collectives entered in the current task (the "#N" of every report)
 _failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
 _checker: Any = None  # the helper process group fingerprints are exchanged on
 _signatures: dict[str, inspect.Signature] = {}
-# An async collective's Work -> (state, members, "#N signature") until its wait() (a weak key:
-# a Work dropped without waiting leaves nothing behind).
-_in_flight: weakref.WeakKeyDictionary[Any, tuple[bytes, str, str]] = weakref.WeakKeyDictionary()
+# An async collective's Work -> (members, "#N signature") until its wait() (a weak key: a Work
+# dropped without waiting leaves nothing behind).
+_in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 _original_wait: Any = None
 
 
@@ -273,17 +273,14 @@ def _wrap(name: str, fn: Any) -> Any:
         signature = _describe(name, call)
         for log in _recorders:
             log.append(signature)
-        on_world = _group_ranks(call.get("group")) is None
         members = _members(name, call)
+        on_world = members == "*"  # (point-to-point ops name their peer: never fingerprinted)
         async_op = name in _NONBLOCKING or bool(call.get("async_op"))
-        state = _STATE_IN_WORLD if members == "*" else _STATE_IN_SUBGROUP
         if _slot is not None:
-            caller = sys._getframe(1)
-            where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
             # Inside until the call returns (the fingerprint check blocks even for an async
             # op); an async op then counts as inside again while its Work is waited on
             # (``_traced_wait``). A blocking send or recv waits on its one peer.
-            _write_slot(state, f"#{_count} {signature} at {where}", members)
+            _write_slot(_STATE_INSIDE, f"#{_count} {signature} at {_call_site()}", members)
         try:
             if _checker is not None and name not in _UNCHECKED and on_world:
                 agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}
@@ -296,11 +293,7 @@ def _wrap(name: str, fn: Any) -> Any:
             if async_op and _slot is not None:
                 for work in result if isinstance(result, list) else [result]:
                     if work is not None:
-                        _in_flight[work] = (
-                            state,
-                            members,
-                            f"#{_count} {signature} (async, in wait())",
-                        )
+                        _in_flight[work] = (members, f"#{_count} {signature} (async, in wait())")
             return result
         except BaseException as exc:
             _failed = (exc, f"#{_count} {signature}")
@@ -315,6 +308,12 @@ def _wrap(name: str, fn: Any) -> Any:
     return traced
 
 
+def _call_site() -> str:
+    """Where the code that called the traced function is: "file.py:12 in step"."""
+    caller = sys._getframe(2)
+    return f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
+
+
 def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's signature)
     """``Work.wait`` that marks the rank as inside the async collective it waits on, so a peer
     that never joins it is reported as fast as for a blocking call."""
@@ -322,10 +321,8 @@ def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's s
     entry = _in_flight.get(work) if _slot is not None else None
     if entry is None:
         return _original_wait(work, *args, **kwargs)
-    state, members, label = entry
-    caller = sys._getframe(1)
-    where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
-    _write_slot(state, f"{label} at {where}", members)
+    members, label = entry
+    _write_slot(_STATE_INSIDE, f"{label} at {_call_site()}", members)
     try:
         done = _original_wait(work, *args, **kwargs)
     except BaseException as exc:
