@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test multiproc gpu lint bench stress mutation compat clean
+.PHONY: demo test multiproc gpu lint bench stress scale mutation compat clean
 
 # The demo needs refddp itself; the tests also every optional extra they exercise.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -38,6 +38,12 @@ STRESS_REPETITIONS ?= 30
 STRESS_SCENARIOS ?= 500
 stress: $(VENV)/.installed-test
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
+
+# The trainer's invariants at 256 ranks (tests/multiproc/test_scale.py; ~4 min), then the harness
+# from 8 to 1,024 ranks (benchmarks/harness_scale.py; ~4 min, 14 GiB).
+scale: $(VENV)/.installed-test
+	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest tests/multiproc/test_scale.py
+	$(PY) benchmarks/harness_scale.py
 	REFDDP_SCENARIOS=$(STRESS_SCENARIOS) $(PY) -m pytest -q -p no:cacheprovider \
 		tests/multiproc/test_step_scenarios.py --hypothesis-show-statistics
 

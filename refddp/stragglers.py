@@ -11,11 +11,13 @@ an evaluation these ride the all-reduce of the training loss the evaluation make
 zeros, so the sum holds every rank's. No collective of its own, none per step.
 
 History then records (world size > 1) ``slowest_rank``, ``straggler_lag_s`` (how many seconds
-per step its compute and data wait exceed the median of the other ranks') and
-``straggler_lag_share`` (that lag over the same median). The log warns, naming the rank,
-when one rank is the slowest at ``PERSISTENT`` evaluations in a row, each time by at least
+per step its compute and data wait exceed the median of the other ranks'),
+``straggler_lag_share`` (that lag over the same median) and ``behind_ranks`` (every rank at
+least ``LAG_SHARE`` slower than the typical rank: a slow node's ranks together). The log
+warns, naming the ranks, and their node when they are all of one node's, when the same ranks
+are behind at ``PERSISTENT`` evaluations in a row, the slowest each time by at least
 ``LAG_SHARE`` (10% over the median of the others): a single slow window (a checkpoint write,
-a busy neighbour) is noise, the same rank behind again and again is a straggler.
+a busy neighbour) is noise, the same ranks behind again and again are stragglers.
 """
 
 from __future__ import annotations
@@ -51,33 +53,63 @@ def straggler_fields(summed: list[float]) -> dict[str, Any]:
     slowest = max(range(world), key=lambda r: busy[r])
     others = statistics.median(b for r, b in enumerate(busy) if r != slowest)
     lag = busy[slowest] - others
+    # The typical rank: the lower median, so that a slow node holding half the ranks (2 nodes)
+    # is measured against the fast half, not against a median halfway between.
+    typical = statistics.median_low(busy)
     return {
         "slowest_rank": slowest,
         "straggler_lag_s": lag,
         "straggler_lag_share": lag / others if others > 0 else 0.0,
+        "behind_ranks": [r for r in range(world) if busy[r] > typical * (1 + LAG_SHARE)],
     }
 
 
-class StragglerWatch:
-    """Says, once per streak, when one rank stays the slowest (see the module's threshold)."""
+def whose(ranks: list[int], ranks_per_node: int) -> str:
+    """``rank 3``, ``ranks [2, 3]``, with ``(node 1)`` when they are every rank of one node
+    (``(nodes 1, 2)`` of several) on a job of several nodes of ``ranks_per_node`` ranks."""
+    said = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+    if ranks_per_node < 1 or len(ranks) % ranks_per_node:
+        return said
+    nodes = sorted({r // ranks_per_node for r in ranks})
+    if len(nodes) * ranks_per_node != len(ranks):
+        return said
+    return f"{said} ({'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))})"
 
-    def __init__(self) -> None:
-        self.rank: int | None = None
+
+class StragglerWatch:
+    """Says, once per streak, when the same ranks stay behind (see the module's threshold).
+
+    ``ranks_per_node``: on a job of several nodes (torchrun's ``LOCAL_WORLD_SIZE``), ranks
+    that are all of one node's are named with their node: a slow machine, not a slow rank.
+    """
+
+    def __init__(self, ranks_per_node: int = 0) -> None:
+        self.ranks: tuple[int, ...] = ()
         self.streak = 0
+        self.ranks_per_node = ranks_per_node
 
     def observe(self, fields: dict[str, Any]) -> str | None:
         """The warning to log for this evaluation's straggler fields, if any."""
         if not fields or fields["straggler_lag_share"] < LAG_SHARE:
-            self.rank, self.streak = None, 0
+            self.ranks, self.streak = (), 0
             return None
-        if fields["slowest_rank"] != self.rank:
-            self.rank, self.streak = fields["slowest_rank"], 0
+        behind = tuple(fields.get("behind_ranks") or [fields["slowest_rank"]])
+        if behind != self.ranks:
+            self.ranks, self.streak = behind, 0
         self.streak += 1
         if self.streak != PERSISTENT:
             return None
+        who = whose(list(behind), self.ranks_per_node)
+        if len(behind) == 1:
+            return (
+                f"{who} is the slowest at {PERSISTENT} evaluations in a row: its compute and "
+                f"data wait take {fields['straggler_lag_s'] * 1e3:.1f} ms per step "
+                f"({fields['straggler_lag_share']:.0%}) more than the median of the other "
+                "ranks; every rank waits for it at each step"
+            )
         return (
-            f"rank {self.rank} is the slowest at {PERSISTENT} evaluations in a row: its compute "
+            f"{who} are the slowest at {PERSISTENT} evaluations in a row: the slowest's compute "
             f"and data wait take {fields['straggler_lag_s'] * 1e3:.1f} ms per step "
             f"({fields['straggler_lag_share']:.0%}) more than the median of the other ranks; "
-            "every rank waits for it at each step"
+            "every rank waits for them at each step"
         )

@@ -185,7 +185,9 @@ class Trainer:
         # loss goes to any tracker named besides history.jsonl, which takes evaluations only.
         logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
         self.log_every = c.log_every if logs_steps else 0
-        self.stragglers = StragglerWatch()
+        # Ranks per node on a job of several (torchrun's variables): a slow node is named.
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        self.stragglers = StragglerWatch(ctx.world_size // nodes if nodes > 1 else 0)
 
     # -- checkpoints -------------------------------------------------------------------------
 

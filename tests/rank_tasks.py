@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import warnings
 
 import torch
@@ -364,3 +366,75 @@ def config_after_taking_rank0s(fields: list[dict], given: list[list[str]]) -> di
         return take_rank0_run_config(c, set(given[rank]), rank, dist.get_world_size()).run_fields
     except ConfigError as exc:
         return str(exc)
+
+
+# Padded sequences of 2-10 tokens (tests/sequence_code.py): targets per sample vary.
+TOKENS = dict(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences",
+              num_classes=12, input_dim=10)  # fmt: skip
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
+
+
+def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -> dict:
+    """One invocation of the trainer on this rank, with ``faults`` ({(rank, step): "loss" or
+    "gradient"}: that rank's loss of that step made inf, or its gradient NaN behind a finite
+    loss) and ``signalled`` ((rank, step, signal name): sent to that rank after that step)."""
+    c = tiny_config(out, **overrides)
+    rank = dist.get_rank()
+    with record_collectives() as log:
+        trainer = Trainer(c, init_distributed("cpu"))
+        micro_loss, train_step = trainer.micro_loss, trainer.train_step
+
+        def faulty(module, batch):
+            loss = micro_loss(module, batch)
+            kind = faults.get((rank, trainer.pos.step + 1))
+            if kind == "loss":  # inf, with a finite gradient (a constant added)
+                return loss._replace(total=loss.total + float("inf"))
+            if kind == "gradient":  # finite (0 added), with a NaN gradient (sqrt at 0)
+                total = loss.total
+                return loss._replace(total=total + ((total - total.detach()) ** 2).sqrt())
+            return loss
+
+        def step_then_signal(batches):
+            signum = train_step(batches)
+            if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
+                os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
+            return signum
+
+        trainer.micro_loss, trainer.train_step = faulty, step_then_signal
+        result = trainer.fit()
+    return {
+        "log": log,
+        "sequence": process_group_sequence(),
+        "step": result["step"],
+        "stopped_by": result["stopped_by"],
+        "skipped": result["skipped_steps"],
+        "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
+    }
+
+
+def assert_in_step(ranks: list[dict]) -> None:
+    """Every rank issued the same collectives, as many, and ended at the same step."""
+    first = ranks[0]
+    for rank, found in enumerate(ranks[1:], start=1):
+        assert found["log"] == first["log"], f"rank {rank}'s collectives differ from rank 0's"
+        assert found["sequence"] == first["sequence"], "DDP's own all-reduces differ"
+        assert (found["step"], found["stopped_by"], found["skipped"]) == (
+            first["step"], first["stopped_by"], first["skipped"]
+        )  # fmt: skip
+
+
+def fit_recording(out: str, record: str, **overrides) -> int:
+    """``fit`` on data that writes every index it serves to ``record/rank<R>.txt``."""
+    os.environ["REFDDP_TEST_RECORD"] = record
+    try:
+        return fit(out, data="tests.user_code:recording_datasets", **overrides)["step"]
+    finally:
+        del os.environ["REFDDP_TEST_RECORD"]
+
+
+def raises_after_one_all_reduce(bad_rank: int) -> None:
+    """Every rank all-reduces once; then ``bad_rank`` raises while the others wait in the next."""
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank}'s own bug")
+    dist.all_reduce(torch.ones(1))

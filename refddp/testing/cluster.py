@@ -7,7 +7,8 @@ never touched). A command run on node k gets the node's host name (a UTS namespa
 mounts over the machine's), so host names resolve to the nodes' addresses, as on a cluster, and
 gloo, binding to the address its host name resolves to, talks over the bridge. A node's link
 can be cut and restored (its bridge port set down: the cable pulled) or rate-limited (``tc
-tbf``); a node can be killed (every process in its namespace, SIGKILL).
+tbf``); a node can be made slow (its processes stopped and continued in turn: a machine with
+less CPU) or killed (every process in its namespace, SIGKILL).
 
 Creating namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); ``unavailable()`` says in
 one line why a cluster cannot be made here, for a test to skip on. Nothing outlives a cluster:
@@ -31,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -89,18 +91,26 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in listed if line.startswith(PREFIX)]
 
 
+def _pids_in(namespace: str) -> list[int]:
+    return [int(p) for p in _ip("netns", "pids", namespace, check=False).stdout.split()]
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def _kill_inside(namespace: str) -> None:
     """SIGKILL every process in ``namespace``, again until none is left (one may have forked
     between the listing and the kill): deleting a namespace's name does not stop them."""
     for _ in range(50):
-        pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+        pids = _pids_in(namespace)
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _signal_all(pids, signal.SIGKILL)
         time.sleep(0.02)
 
 
@@ -136,6 +146,7 @@ class Cluster:
                       for k in range(nnodes)]  # fmt: skip
         self._reaper: subprocess.Popen | None = None
         self._procs: list[subprocess.Popen] = []
+        self._throttled: dict[int, tuple[threading.Event, threading.Thread]] = {}
         try:
             self._build()
         except BaseException:
@@ -212,6 +223,39 @@ class Cluster:
                             "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"],
                            check=True, capture_output=True)  # fmt: skip
 
+    def throttle(self, k: int, share: float = 0.5, period_s: float = 0.02) -> None:
+        """Node ``k`` runs ``share`` of the time, until ``unthrottle(k)``: every ``period_s``
+        its processes are stopped (SIGSTOP) for the rest of the period, then continued: a
+        machine with less CPU, as the other nodes see it."""
+        if not 0 < share < 1:
+            raise ValueError(f"share must be between 0 and 1, not {share}")
+        self.unthrottle(k)
+        done = threading.Event()
+
+        def duty_cycle() -> None:
+            pids: list[int] = []
+            listed = 0.0
+            while not done.is_set():
+                if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
+                    listed = time.monotonic()
+                    pids = _pids_in(self.nodes[k].namespace)
+                _signal_all(pids, signal.SIGSTOP)
+                time.sleep(period_s * (1 - share))
+                _signal_all(pids, signal.SIGCONT)
+                done.wait(period_s * share)
+            _signal_all(_pids_in(self.nodes[k].namespace), signal.SIGCONT)
+
+        thread = threading.Thread(target=duty_cycle, name=f"throttle-node{k}", daemon=True)
+        thread.start()
+        self._throttled[k] = (done, thread)
+
+    def unthrottle(self, k: int) -> None:
+        """Node ``k`` at full speed again (every process continued)."""
+        done, thread = self._throttled.pop(k, (None, None))
+        if done is not None and thread is not None:
+            done.set()
+            thread.join()
+
     # -- life cycle --------------------------------------------------------------------------
 
     def hosts_file(self, k: int) -> str:
@@ -223,6 +267,8 @@ class Cluster:
 
     def close(self) -> None:
         """Kill everything on the nodes and remove the cluster (idempotent)."""
+        for k in list(self._throttled):
+            self.unthrottle(k)
         for proc in self._procs:
             if proc.poll() is None:
                 proc.kill()

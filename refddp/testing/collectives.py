@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from refddp.testing import faults
+from refddp.testing import faults, rank_lists
 
 _COLLECTIVES = (
     "all_gather",
@@ -205,7 +205,8 @@ def _check_fingerprint(signature: str) -> None:
 
 
 def _name_the_mismatch(signature: str) -> None:
-    """All-gather every rank's signature and count, and raise naming them all."""
+    """All-gather every rank's signature and count, and raise naming each distinct one with
+    the ranks running it."""
     import torch
     import torch.distributed as dist
 
@@ -216,7 +217,11 @@ def _name_the_mismatch(signature: str) -> None:
     raw = [bytes(t.tolist()) for t in everyone]
     seen = [r[:_FINGERPRINT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
     counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
-    listed = "; ".join(f"rank {r} is running #{counts[r]} {s}" for r, s in enumerate(seen))
+    groups = rank_lists.group((r, f"#{counts[r]} {s}") for r, s in enumerate(seen))
+    listed = "; ".join(
+        f"{rank_lists.who(ranks)} {'is' if len(ranks) == 1 else 'are'} running {what}"
+        for ranks, what in groups
+    )
     raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
 
 

@@ -48,6 +48,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "with a message naming them (default)",
     )
     group.addoption(
+        "--dist-preload",
+        action="append",
+        default=[],
+        metavar="MODULES",
+        help="modules (comma-separated) to import once, in the process ranks are forked "
+        "from, instead of in every rank: at hundreds of ranks, what the test modules import "
+        "is most of a pool's start and memory",
+    )
+    group.addoption(
         "--no-dist-debug",
         dest="dist_debug",
         action="store_false",
@@ -58,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     global session_config
     session_config = config
+    # Read by the rank server as it starts (rank_server.py); pytest too: test modules import it.
+    preload = [m for value in config.getoption("dist_preload") for m in value.split(",") if m]
+    from refddp.testing.rank_server import PRELOAD_ENV
+
+    os.environ[PRELOAD_ENV] = ",".join(filter(None, [os.environ.get(PRELOAD_ENV), "pytest",
+                                                     *preload]))  # fmt: skip
     config.addinivalue_line(
         "markers",
         "multiproc(timeout=None): run the test body on every rank of a process group "

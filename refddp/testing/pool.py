@@ -42,6 +42,7 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
+from refddp.testing.rank_lists import rank_list
 from refddp.testing.reports import (
     PoolFiles,
     blame,
@@ -59,10 +60,11 @@ FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simul
 ONE_SIDED_CONFIRM_S = 2.0
 HANG_POLL_S = 0.2
 STOP_GRACE_S = 5.0  # for ranks to save their coverage data and exit, after Stop or SIGTERM
+LAZY_CONNECT_FROM = 128  # ranks: pools this large connect gloo's pairs on first use
 
 
 def rank_environment(
-    backend: str, debug: bool, devices: tuple[str, ...], workdir: str
+    backend: str, debug: bool, devices: tuple[str, ...], workdir: str, world_size: int = 1
 ) -> dict[str, str]:
     """The environment a pool's ranks start with: this process's, plus the harness's settings.
 
@@ -73,6 +75,13 @@ def rank_environment(
     env = dict(os.environ)
     env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if debug else "OFF"
     env.setdefault("OMP_NUM_THREADS", "1")
+    if world_size >= LAZY_CONNECT_FROM:
+        # Gloo connects a pair of ranks on their first message, not all pairs at the group's
+        # creation (torch >= 2.7 reads this; older ones connect the full mesh): a pool of
+        # 1,024 ranks otherwise opens half a million connections before its first test. Not
+        # below: there a rank waiting on one that died fails at once (its connection
+        # breaks), where it would keep trying to connect until the pool is stopped.
+        env.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     env["PYTHONUNBUFFERED"] = "1"
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -113,9 +122,8 @@ class RankPool:
         self.conns: list[Connection] = []
         server = rank_server.server()
         for rank in range(world_size):
-            env = rank_environment(
-                backend, debug, node_layout.node_devices(self.nodes, devices, rank), self.workdir
-            )
+            devices_here = node_layout.node_devices(self.nodes, devices, rank)
+            env = rank_environment(backend, debug, devices_here, self.workdir, world_size)
             if self.nodes is not None:
                 env.update(node_layout.torchrun_environment(self.nodes, rank))
             self.measured = rank_coverage.ENV_VAR in env
@@ -264,7 +272,7 @@ class RankPool:
                 if cause is not None:  # each other rank: failed in it, waiting, or elsewhere
                     details = blame(cause, replies, pending, acting, slots, "")[1] + details
             else:
-                headline = f"rank(s) {sorted(failures)} failed"
+                headline = f"rank(s) {rank_list(failures)} failed"
             error: RankFailure = RankFailure(
                 self.files.report(headline, failures, stacks, offsets, details),
                 failures,
@@ -280,9 +288,9 @@ class RankPool:
                 )  # fmt: skip
                 others = [r for r in pending if r not in one_sided]
                 if others:
-                    headline += f"; rank(s) {others} had not finished either"
+                    headline += f"; rank(s) {rank_list(others)} had not finished either"
             else:
-                headline = f"rank(s) {pending} did not finish within {timeout_s:g} s"
+                headline = f"rank(s) {rank_list(pending)} did not finish within {timeout_s:g} s"
             hung = sorted(acting)
             cause = hung[0] if hung else (absent[0] if one_sided and len(absent) == 1 else None)
             details = [f"injected: {ln}" for r in hung for ln in acting[r]] + details

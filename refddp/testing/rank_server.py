@@ -34,7 +34,13 @@ _MAX_MESSAGE = 1 << 20
 # Environment entries the server must not start with: coverage would measure the server and
 # every fork would inherit its tracer; each rank starts coverage itself from the pool's env.
 _NOT_FOR_THE_SERVER = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
-PRELOADED = ("torch", "torch.distributed", "torch.nn")
+# The worker too: its modules, imported once here, stay shared pages in every rank (imported in
+# each rank after the fork they cost ~6 MB a rank: 6 GB at 1,024 ranks).
+PRELOADED = ("torch", "torch.distributed", "torch.nn", "refddp.testing.worker")
+# More modules for the server to import once (comma-separated; pytest's --dist-preload): at
+# hundreds of ranks, each rank importing the test module's dependencies (a trainer, a model
+# library) is most of a pool's start and memory. Imported with the driver's sys.path.
+PRELOAD_ENV, _PRELOAD_PATH_ENV = "REFDDP_PRELOAD", "REFDDP_PRELOAD_PATH"
 
 
 class RankProcess:
@@ -108,6 +114,7 @@ class RankServer:
         # and a fork of a multi-threaded process may copy a lock another thread held. Ranks
         # run one intra-op thread anyway (worker.py).
         env["OMP_NUM_THREADS"] = "1"
+        env[_PRELOAD_PATH_ENV] = os.pathsep.join(sys.path)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "refddp.testing.rank_server", str(theirs.fileno())],
             env=env,
@@ -198,6 +205,8 @@ def _fork_rank(request: tuple, fd: int, sock: socket.socket) -> int:
 
     if torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
         raise RuntimeError("CUDA was initialised in the rank server")
+    if len(os.listdir("/proc/self/task")) > 1:  # a fork copies locks other threads may hold
+        raise RuntimeError("a module the rank server preloaded started a thread")
     go_r, go_w = os.pipe()
     pid_r, pid_w = os.pipe()
     intermediate = os.fork()
@@ -258,12 +267,27 @@ def _become_rank(argv: list[str], env: dict[str, str], out_path: str, fd: int) -
         os._exit(code)
 
 
+def _preload(names: str, path: str) -> None:
+    """Import the user's preload modules; one that fails to import is left to the ranks (each
+    imports what its task needs anyway), with one line saying why."""
+    import importlib
+
+    sys.path[:0] = [p for p in path.split(os.pathsep) if p and p not in sys.path]
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the ranks import it themselves
+            print(f"refddp rank server: not preloaded {name}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+
+
 def serve(fd: int) -> None:
     """Import torch once, then fork a rank for each request until the driver goes away."""
     import importlib
 
     for name in PRELOADED:
         importlib.import_module(name)
+    _preload(os.environ.get(PRELOAD_ENV, ""), os.environ.get(_PRELOAD_PATH_ENV, ""))
     sock = socket.socket(fileno=fd)
     while True:
         try:

@@ -9,13 +9,17 @@ task's output and to explain a failure or a hang.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 from refddp.testing.collectives import SlotReading, read_slot, slot_path_for
 from refddp.testing.protocol import FAILURES, Died, Failed, Reply
+from refddp.testing.rank_lists import group, group_rank_lines, rank_list, who
 
 OUTPUT_TAIL_LINES = 40
+FULL_SECTIONS = 6  # distinct tracebacks, stacks or outputs shown in full; the rest in one line
+_THREAD_ID = re.compile(r"0x[0-9a-f]{8,}")
 
 
 class PoolFiles:
@@ -83,23 +87,50 @@ class PoolFiles:
         offsets: list[int] | None = None,
         details: list[str] = (),  # type: ignore[assignment]
     ) -> str:
+        """The headline, the details, then each rank's state and output: ranks that say the
+        same thing grouped under one header, the first ``FULL_SECTIONS`` distinct tracebacks
+        or stacks in full and the rest in one line each, so a thousand ranks make a screenful."""
         lines = [f"{headline} (world_size={self.world_size}, backend={self.backend})"]
-        lines += ["    " + d for d in details]
-        for rank in range(self.world_size):
-            if rank in failures:
-                lines.append(f"--- rank {rank} failed:")
-                lines += ["    " + ln for ln in failures[rank].rstrip().splitlines()]
-            elif rank in stacks:
-                lines.append(f"--- rank {rank} was still running:")
-                lines += ["    " + ln for ln in stacks[rank].rstrip().splitlines()]
-            else:
-                lines.append(f"--- rank {rank} finished")
-        for rank in range(self.world_size):
-            out = self.output(rank, offsets[rank] if offsets else 0).splitlines()
-            if out:
-                lines.append(f"--- rank {rank} output (last {OUTPUT_TAIL_LINES} lines):")
-                lines += [f"[rank {rank}] {ln}" for ln in out[-OUTPUT_TAIL_LINES:]]
+        lines += ["    " + d for d in group_rank_lines(details)]
+        states = group(
+            (rank, "failed:\n" + failures[rank]) if rank in failures
+            else (rank, "still running:\n" + _same_for_every_process(stacks[rank]))
+            if rank in stacks else (rank, "finished")
+            for rank in range(self.world_size)
+        )  # fmt: skip
+        shown = 0
+        for ranks, text in states:
+            state, _, body = text.partition("\n")
+            verb = "" if state != "still running:" else ("was " if len(ranks) == 1 else "were ")
+            if not body:
+                lines.append(f"--- {who(ranks)} {state}")
+            elif shown < FULL_SECTIONS:
+                lines.append(f"--- {who(ranks)} {verb}{state}")
+                lines += ["    " + ln for ln in body.rstrip().splitlines()]
+                shown += 1
+            else:  # a traceback's exception; a stack's last collective
+                gist = exception_line(body) if verb == "" else body.splitlines()[0]
+                lines.append(f"--- {who(ranks)} {verb}{state} {gist}")
+        outputs = group(
+            (rank, self.output(rank, offsets[rank] if offsets else 0))
+            for rank in range(self.world_size)
+        )
+        outputs = [(ranks, out) for ranks, out in outputs if out.strip()]
+        for ranks, out in outputs[:FULL_SECTIONS]:
+            tag = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+            lines.append(f"--- {who(ranks)} output (last {OUTPUT_TAIL_LINES} lines):")
+            lines += [f"[{tag}] {ln}" for ln in out.splitlines()[-OUTPUT_TAIL_LINES:]]
+        rest = [r for ranks, _ in outputs[FULL_SECTIONS:] for r in ranks]
+        if rest:
+            lines.append(f"--- output of {who(sorted(rest))} not shown: "
+                         f"{len(outputs) - FULL_SECTIONS} more distinct output(s)")  # fmt: skip
         return "\n".join(lines)
+
+
+def _same_for_every_process(stack: str) -> str:
+    """A stack dump without what differs between processes that run the same code (thread
+    ids), so that ranks stopped at the same place group together."""
+    return _THREAD_ID.sub("0x…", stack)
 
 
 def _last_line(text: str) -> str:
@@ -203,7 +234,8 @@ def skipped_headline(absent: list[int], waiting: list[int], slots: dict[int, Slo
                      how: str) -> str:  # fmt: skip
     """ "rank(s) [2] finished without joining #3 all_reduce(...), which rank(s) [0, 1] <how>"."""
     collective = slots[waiting[0]].last.split(" at ", 1)[0]
-    return f"rank(s) {absent} finished without joining {collective}, which rank(s) {waiting} {how}"
+    return (f"rank(s) {rank_list(absent)} finished without joining {collective}, which rank(s) "
+            f"{rank_list(waiting)} {how}")  # fmt: skip
 
 
 def blame(

@@ -10,6 +10,7 @@ namespace can be made (not root).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -219,3 +220,20 @@ def test_a_link_cut_mid_run_ends_every_rank_within_the_timeout_and_the_rerun_is_
     assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
     assert_same(weights(out), on_one_node(tmp_path / "one-node", 2))
 
+
+
+def test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report(tmp_path, tiny):
+    # Node 1 runs 30% of the time (its processes stopped and continued in turn): both of its
+    # ranks fall behind together, and rank 0's log names them as that node.
+    out = tmp_path / "shared"
+    commands = [torchrun(k, out, job_flags(tiny, eval_every=1, ckpt_every=0)) for k in range(2)]
+    with Cluster(2) as cluster:
+        nodes = start_nodes(cluster, commands, {"REFDDP_TEST_SLOW_TRAIN": "0.01"})
+        cluster.throttle(1, share=0.3)
+        results = finish(nodes)
+    assert [code for code, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
+    said = "ranks [2, 3] (node 1) are the slowest at 3 evaluations in a row"
+    assert said in results[0][1], results[0][1][-3000:]
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    behind = [r["behind_ranks"] for r in records if "behind_ranks" in r]
+    assert behind[-3:] == [[2, 3]] * 3, behind

@@ -26,61 +26,12 @@ import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refddp.dist import init_distributed
-from refddp.testing import record_collectives
-from refddp.testing.collectives import process_group_sequence
-from refddp.trainer import Trainer
-from tests.rank_tasks import tiny_config
+from tests.rank_tasks import SIGNALS, TOKENS, assert_in_step, run_scenario
 
 EXAMPLES = int(os.environ.get("REFDDP_SCENARIOS", "25"))
-# Padded sequences of 2-10 tokens (tests/sequence_code.py): targets per sample vary.
-TOKENS = dict(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences",
-              num_classes=12, input_dim=10)  # fmt: skip
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1}
-
-
-def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -> dict:
-    """One invocation of the trainer on this rank, with ``faults`` ({(rank, step): "loss" or
-    "gradient"}: that rank's loss of that step made inf, or its gradient NaN behind a finite
-    loss) and ``signalled`` ((rank, step, signal name): sent to that rank after that step)."""
-    c = tiny_config(out, **overrides)
-    rank = dist.get_rank()
-    with record_collectives() as log:
-        trainer = Trainer(c, init_distributed("cpu"))
-        micro_loss, train_step = trainer.micro_loss, trainer.train_step
-
-        def faulty(module, batch):
-            loss = micro_loss(module, batch)
-            kind = faults.get((rank, trainer.pos.step + 1))
-            if kind == "loss":  # inf, with a finite gradient (a constant added)
-                return loss._replace(total=loss.total + float("inf"))
-            if kind == "gradient":  # finite (0 added), with a NaN gradient (sqrt at 0)
-                total = loss.total
-                return loss._replace(total=total + ((total - total.detach()) ** 2).sqrt())
-            return loss
-
-        def step_then_signal(batches):
-            signum = train_step(batches)
-            if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
-                os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
-            return signum
-
-        trainer.micro_loss, trainer.train_step = faulty, step_then_signal
-        result = trainer.fit()
-    return {
-        "log": log,
-        "sequence": process_group_sequence(),
-        "step": result["step"],
-        "stopped_by": result["stopped_by"],
-        "skipped": result["skipped_steps"],
-        "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
-    }
-
-
 @st.composite
 def scenarios(draw) -> dict:
     world = draw(st.integers(1, 4))
@@ -135,17 +86,6 @@ def ends_in_a_settle(step: int, s: dict) -> bool:
         or bool(job["eval_every"] and step % job["eval_every"] == 0)
         or bool(job["ckpt_every"] and step % job["ckpt_every"] == 0)
     )
-
-
-def assert_in_step(ranks: list[dict]) -> None:
-    """Every rank issued the same collectives, as many, and ended at the same step."""
-    first = ranks[0]
-    for rank, found in enumerate(ranks[1:], start=1):
-        assert found["log"] == first["log"], f"rank {rank}'s collectives differ from rank 0's"
-        assert found["sequence"] == first["sequence"], "DDP's own all-reduces differ"
-        assert (found["step"], found["stopped_by"], found["skipped"]) == (
-            first["step"], first["stopped_by"], first["skipped"]
-        )  # fmt: skip
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 25,

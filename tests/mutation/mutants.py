@@ -53,6 +53,9 @@ T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
 NETWORK, T_NETWORK = "refddp/network_checks.py", "tests/multiproc/test_doctor_network.py"
+RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank_lists.py"
+T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
+WORKER, SERVER = "refddp/testing/worker.py", "refddp/testing/rank_server.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
@@ -1268,5 +1271,71 @@ MUTANTS = (
         "unreachable-master-passes", "the doctor finds each planted network fault", NETWORK,
         '        return f"unreachable ({why})", [', '        return f"unreachable ({why})", [][:0] and [',
         (f"{T_NETWORK}::test_an_unreachable_master_is_named",),
+    ),
+    Mutant(
+        "rank-runs-listed-one-by-one", "a failure among many ranks reads as a screenful",
+        RANK_LISTS, "        if j - i >= 2:\n", "        if False:\n",
+        (f"{T_RANK_LISTS}::test_runs_of_ranks_are_written_as_ranges",),
+    ),
+    Mutant(
+        "victims-listed-one-by-one", "a failure among many ranks reads as a screenful",
+        REPORTS, "        lines += [\"    \" + d for d in group_rank_lines(details)]",
+        "        lines += [\"    \" + d for d in details]",
+        (f"{T_SCALE}::test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims",),
+    ),
+    Mutant(
+        "stacks-told-apart-by-thread-id", "a failure among many ranks reads as a screenful",
+        REPORTS, "    return _THREAD_ID.sub(\"0x…\", stack)", "    return stack",
+        (f"{T_RANK_LISTS}::test_a_thousand_ranks_stopped_at_one_place_make_one_stack_and_a_screenful",
+         f"{T_SCALE}::test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims"),
+    ),
+    Mutant(
+        "every-distinct-failure-in-full", "a failure among many ranks reads as a screenful",
+        REPORTS, "            elif shown < FULL_SECTIONS:", "            elif True:",
+        (f"{T_RANK_LISTS}::test_past_the_first_distinct_failures_each_kind_takes_one_line",),
+    ),
+    Mutant(
+        "mismatch-listed-rank-by-rank", "a failure among many ranks reads as a screenful",
+        COLLECTIVES, "    groups = rank_lists.group((r, f\"#{counts[r]} {s}\") for r, s in enumerate(seen))",
+        "    groups = [([r], f\"#{counts[r]} {s}\") for r, s in enumerate(seen)]",
+        (f"{T_SCALE}::test_at_64_ranks_a_collective_mismatch_names_the_two_groups_not_64_lines",),
+    ),
+    Mutant(
+        "idle-gloo-threads-wake-every-10-ms", "1,024 ranks on one machine", WORKER,
+        "    prctl(_PR_SET_TIMERSLACK, IDLE_LOOP_SLACK_NS, 0, 0, 0)\n", "",
+        (f"{T_SERVER}::test_idle_gloo_threads_wake_coarsely_while_the_rank_keeps_precise_sleeps",),
+    ),
+    Mutant(
+        "gloo-full-mesh-at-start", "1,024 ranks on one machine", POOL,
+        '        env.setdefault("TORCH_GLOO_LAZY_INIT", "1")\n', "        pass\n",
+        (f"{T_SERVER}::test_a_large_fresh_pool_connects_its_ranks_on_first_use_not_all_pairs_at_start",),
+    ),
+    Mutant(
+        "preload-never-imported", "1,024 ranks on one machine", SERVER,
+        '    _preload(os.environ.get(PRELOAD_ENV, ""), os.environ.get(_PRELOAD_PATH_ENV, ""))\n',
+        "",
+        (f"{T_SERVER}::test_preloaded_modules_are_imported_once_by_the_server_not_by_each_rank",),
+    ),
+    Mutant(
+        "server-forks-with-a-thread-running", "1,024 ranks on one machine", SERVER,
+        '    if len(os.listdir("/proc/self/task")) > 1:', "    if False:",
+        (f"{T_SERVER}::test_a_preloaded_module_that_starts_a_thread_leaves_ranks_to_fresh_interpreters",),
+    ),
+    Mutant(
+        "slow-node-measured-against-the-median", "a slow node's ranks are named", "refddp/stragglers.py",
+        "    typical = statistics.median_low(busy)", "    typical = statistics.median(busy)",
+        ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",),
+    ),
+    Mutant(
+        "slow-node-never-named", "a slow node's ranks are named", "refddp/stragglers.py",
+        "    return f\"{said} ({'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))})\"",
+        "    return said",
+        ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",
+         f"{T_CLUSTER}::test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report"),
+    ),
+    Mutant(
+        "node-throttle-does-nothing", "a slow node's ranks are named", CLUSTER,
+        "                _signal_all(pids, signal.SIGSTOP)\n", "",
+        (f"{T_CLUSTER}::test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report",),
     ),
 )

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
-from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields
+from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields, whose
 from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
 from tests.cli_runs import run, train_command
 from tests.tracker_files import board_events, board_wall_times, history, tensorboard_scalars
@@ -169,3 +169,19 @@ def test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and_curves(tmp
     invocation(2, True, {3: 0.125})  # resumed at step 2: its steps follow the run's own
     assert [r["step"] for r in history(tmp_path)] == [2, 3]
     assert tensorboard_scalars(tmp_path)["train/loss"] == [(1, 0.5), (2, 0.25), (3, 0.125)]
+
+
+def test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node():
+    # 2 nodes of 2 ranks; node 1's ranks take 1.15x: both are behind, measured against the
+    # fast half (against a median halfway between, 1.07x, neither would be).
+    found = straggler_fields([0.010, 0.010, 0.0115, 0.0116, 0.0, 0.0, 0.0, 0.0])
+    assert found["behind_ranks"] == [2, 3] and found["slowest_rank"] == 3
+    watch = StragglerWatch(ranks_per_node=2)
+    said = [watch.observe(found) for _ in range(PERSISTENT)]
+    assert said[-1].startswith(f"ranks [2, 3] (node 1) are the slowest at {PERSISTENT} "
+                               "evaluations in a row")  # fmt: skip
+    one = straggler_fields([0.010, 0.010, 0.010, 0.017, 0.0, 0.0, 0.0, 0.0])
+    assert one["behind_ranks"] == [3], "one slow rank of a node is a rank, not a node"
+    assert whose([3], 2) == "rank 3" and whose([1, 2], 2) == "ranks [1, 2]"
+    assert whose([2, 3, 4, 5], 2) == "ranks [2, 3, 4, 5] (nodes 1, 2)"
+    assert whose([2, 3], 0) == "ranks [2, 3]", "one node: no node to name"
