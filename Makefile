@@ -38,14 +38,14 @@ STRESS_REPETITIONS ?= 30
 STRESS_SCENARIOS ?= 500
 stress: $(VENV)/.installed-test
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
+	REFDDP_SCENARIOS=$(STRESS_SCENARIOS) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/multiproc/test_step_scenarios.py --hypothesis-show-statistics
 
 # The trainer's invariants at 256 ranks (tests/multiproc/test_scale.py; ~4 min), then the harness
 # from 8 to 1,024 ranks (benchmarks/harness_scale.py; ~4 min, 14 GiB).
 scale: $(VENV)/.installed-test
 	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest tests/multiproc/test_scale.py
 	$(PY) benchmarks/harness_scale.py
-	REFDDP_SCENARIOS=$(STRESS_SCENARIOS) $(PY) -m pytest -q -p no:cacheprovider \
-		tests/multiproc/test_step_scenarios.py --hypothesis-show-statistics
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check refddp tests benchmarks examples conftest.py

@@ -65,6 +65,7 @@ def measure(world_size: int, warm_calls: int, plant: bool, check: bool = True) -
     begin = time.perf_counter()
     pool = RankPool(world_size, debug=check, start_timeout_s=600)
     start_s = time.perf_counter() - begin
+    row: dict = {"world_size": world_size}
     try:
         begin = time.perf_counter()
         pool.run(all_reduce_and_barrier, timeout_s=600)
@@ -77,8 +78,7 @@ def measure(world_size: int, warm_calls: int, plant: bool, check: bool = True) -
             begin = time.perf_counter()
             pool.run(nothing, timeout_s=600)
             idle.append(time.perf_counter() - begin)
-        row = {
-            "world_size": world_size,
+        row |= {
             "fingerprint_check": check,
             "start_s": start_s,
             "first_test_s": first_s,

@@ -13,15 +13,17 @@ zeros, so the sum holds every rank's. No collective of its own, none per step.
 History then records (world size > 1) ``slowest_rank``, ``straggler_lag_s`` (how many seconds
 per step its compute and data wait exceed the median of the other ranks'),
 ``straggler_lag_share`` (that lag over the same median) and ``behind_ranks`` (every rank at
-least ``LAG_SHARE`` slower than the typical rank: a slow node's ranks together). The log
-warns, naming the ranks, and their node when they are all of one node's, when the same ranks
-are behind at ``PERSISTENT`` evaluations in a row, the slowest each time by at least
-``LAG_SHARE`` (10% over the median of the others): a single slow window (a checkpoint write,
-a busy neighbour) is noise, the same ranks behind again and again are stragglers.
+least ``LAG_SHARE`` slower than the median of the others: a slow node's ranks together). The
+log warns, naming the ranks behind, and their node when they are all of one node's, when the
+same rank (on a job of several nodes, the same node) is the slowest at ``PERSISTENT``
+evaluations in a row, each time by at least ``LAG_SHARE`` (10% over the median of the
+others): a single slow window (a checkpoint write, a busy neighbour) is noise, the same rank
+or node behind again and again is a straggler.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -30,7 +32,7 @@ import torch
 from refddp.window import Window
 
 LAG_SHARE = 0.10  # the slowest rank's lag over the median of the others, for a warning
-PERSISTENT = 3  # evaluations in a row with the same slowest rank above LAG_SHARE
+PERSISTENT = 3  # evaluations in a row with the same slowest rank (or node) above LAG_SHARE
 
 
 def times_vector(window: Window, rank: int, world: int, device: torch.device) -> torch.Tensor:
@@ -53,14 +55,16 @@ def straggler_fields(summed: list[float]) -> dict[str, Any]:
     slowest = max(range(world), key=lambda r: busy[r])
     others = statistics.median(b for r, b in enumerate(busy) if r != slowest)
     lag = busy[slowest] - others
-    # The typical rank: the lower median, so that a slow node holding half the ranks (2 nodes)
-    # is measured against the fast half, not against a median halfway between.
-    typical = statistics.median_low(busy)
+    # Every rank measured against the same median of the others: a slow node holding half the
+    # ranks (2 nodes) leaves one of its ranks fewer than the fast half among them, so the
+    # median is a fast rank's, not one halfway between; and the slowest rank is behind exactly
+    # when its lag share is over the bar.
+    bar = others * (1 + LAG_SHARE)
     return {
         "slowest_rank": slowest,
         "straggler_lag_s": lag,
         "straggler_lag_share": lag / others if others > 0 else 0.0,
-        "behind_ranks": [r for r in range(world) if busy[r] > typical * (1 + LAG_SHARE)],
+        "behind_ranks": [r for r in range(world) if busy[r] > bar] if others > 0 else [],
     }
 
 
@@ -77,39 +81,57 @@ def whose(ranks: list[int], ranks_per_node: int) -> str:
 
 
 class StragglerWatch:
-    """Says, once per streak, when the same ranks stay behind (see the module's threshold).
+    """Says, once per streak, when the same rank (or node) stays the slowest (see the module's
+    threshold).
 
-    ``ranks_per_node``: on a job of several nodes (torchrun's ``LOCAL_WORLD_SIZE``), ranks
-    that are all of one node's are named with their node: a slow machine, not a slow rank.
+    ``ranks_per_node``: on a job of several nodes of that many ranks each, the streak follows
+    the slowest rank's node, and the ranks behind are named with their node when they are all
+    of its ranks: a slow machine, not a slow rank. (Which of a slow node's ranks is the very
+    slowest changes from one evaluation to the next; the node does not.)
     """
 
     def __init__(self, ranks_per_node: int = 0) -> None:
-        self.ranks: tuple[int, ...] = ()
+        self.key: int | None = None
         self.streak = 0
         self.ranks_per_node = ranks_per_node
 
     def observe(self, fields: dict[str, Any]) -> str | None:
         """The warning to log for this evaluation's straggler fields, if any."""
         if not fields or fields["straggler_lag_share"] < LAG_SHARE:
-            self.ranks, self.streak = (), 0
+            self.key, self.streak = None, 0
             return None
-        behind = tuple(fields.get("behind_ranks") or [fields["slowest_rank"]])
-        if behind != self.ranks:
-            self.ranks, self.streak = behind, 0
+        slowest = fields["slowest_rank"]
+        key = slowest // self.ranks_per_node if self.ranks_per_node else slowest
+        if key != self.key:
+            self.key, self.streak = key, 0
         self.streak += 1
         if self.streak != PERSISTENT:
             return None
-        who = whose(list(behind), self.ranks_per_node)
+        behind = fields.get("behind_ranks") or [slowest]
         if len(behind) == 1:
             return (
-                f"{who} is the slowest at {PERSISTENT} evaluations in a row: its compute and "
-                f"data wait take {fields['straggler_lag_s'] * 1e3:.1f} ms per step "
+                f"{whose(behind, self.ranks_per_node)} is the slowest at {PERSISTENT} "
+                f"evaluations in a row: its compute and data wait take "
+                f"{fields['straggler_lag_s'] * 1e3:.1f} ms per step "
                 f"({fields['straggler_lag_share']:.0%}) more than the median of the other "
                 "ranks; every rank waits for it at each step"
             )
         return (
-            f"{who} are the slowest at {PERSISTENT} evaluations in a row: the slowest's compute "
-            f"and data wait take {fields['straggler_lag_s'] * 1e3:.1f} ms per step "
+            f"{whose(behind, self.ranks_per_node)} are the slowest at {PERSISTENT} evaluations "
+            f"in a row: the slowest's compute and data wait take "
+            f"{fields['straggler_lag_s'] * 1e3:.1f} ms per step "
             f"({fields['straggler_lag_share']:.0%}) more than the median of the other ranks; "
             "every rank waits for them at each step"
         )
+
+
+def ranks_per_node(world_size: int) -> int:
+    """Ranks per node on a job of several nodes of equal size (torchrun's ``LOCAL_WORLD_SIZE``
+    and ``GROUP_WORLD_SIZE``, its node count); 0 for one node, another launcher (``srun``
+    sets neither) or nodes of different sizes: ranks are then named without their node."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    except ValueError:
+        return 0
+    return local if nodes > 1 and local * nodes == world_size else 0

@@ -47,7 +47,7 @@ from refddp.step_agreement import (
     StopRequest,
     ranks_with_nonfinite_loss,
 )
-from refddp.stragglers import StragglerWatch, straggler_fields, times_vector
+from refddp.stragglers import StragglerWatch, ranks_per_node, straggler_fields, times_vector
 from refddp.sync_batchnorm import convert_sync_batchnorm
 from refddp.trackers.base import Run, Trackers
 from refddp.watchdog import HangWatchdog
@@ -185,9 +185,7 @@ class Trainer:
         # loss goes to any tracker named besides history.jsonl, which takes evaluations only.
         logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
         self.log_every = c.log_every if logs_steps else 0
-        # Ranks per node on a job of several (torchrun's variables): a slow node is named.
-        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
-        self.stragglers = StragglerWatch(ctx.world_size // nodes if nodes > 1 else 0)
+        self.stragglers = StragglerWatch(ranks_per_node(ctx.world_size))  # a slow node named
 
     # -- checkpoints -------------------------------------------------------------------------
 

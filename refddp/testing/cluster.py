@@ -92,7 +92,8 @@ def _namespaces() -> list[str]:
 
 
 def _pids_in(namespace: str) -> list[int]:
-    return [int(p) for p in _ip("netns", "pids", namespace, check=False).stdout.split()]
+    listed = _ip("netns", "pids", namespace, check=False).stdout.split()
+    return [int(p) for p in listed if p.isdigit()]
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:
@@ -227,23 +228,27 @@ class Cluster:
         """Node ``k`` runs ``share`` of the time, until ``unthrottle(k)``: every ``period_s``
         its processes are stopped (SIGSTOP) for the rest of the period, then continued: a
         machine with less CPU, as the other nodes see it."""
-        if not 0 < share < 1:
-            raise ValueError(f"share must be between 0 and 1, not {share}")
+        if not 0 < share < 1 or period_s <= 0:
+            raise ValueError(f"share must be between 0 and 1 and period_s over 0, not {share} "
+                             f"and {period_s}")  # fmt: skip
         self.unthrottle(k)
         done = threading.Event()
 
         def duty_cycle() -> None:
             pids: list[int] = []
             listed = 0.0
-            while not done.is_set():
-                if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
-                    listed = time.monotonic()
-                    pids = _pids_in(self.nodes[k].namespace)
-                _signal_all(pids, signal.SIGSTOP)
-                time.sleep(period_s * (1 - share))
+            try:
+                while not done.is_set():
+                    if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
+                        listed = time.monotonic()
+                        pids = _pids_in(self.nodes[k].namespace)
+                    _signal_all(pids, signal.SIGSTOP)
+                    time.sleep(period_s * (1 - share))
+                    _signal_all(pids, signal.SIGCONT)
+                    done.wait(period_s * share)
+            finally:  # never left stopped, whatever ended the loop
                 _signal_all(pids, signal.SIGCONT)
-                done.wait(period_s * share)
-            _signal_all(_pids_in(self.nodes[k].namespace), signal.SIGCONT)
+                _signal_all(_pids_in(self.nodes[k].namespace), signal.SIGCONT)
 
         thread = threading.Thread(target=duty_cycle, name=f"throttle-node{k}", daemon=True)
         thread.start()

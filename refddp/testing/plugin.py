@@ -67,12 +67,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     global session_config
     session_config = config
-    # Read by the rank server as it starts (rank_server.py); pytest too: test modules import it.
-    preload = [m for value in config.getoption("dist_preload") for m in value.split(",") if m]
-    from refddp.testing.rank_server import PRELOAD_ENV
+    # For the rank server alone, as it starts (rank_server.py); pytest too: test modules import
+    # it. Not in this process's environment, which every subprocess of a test inherits.
+    from refddp.testing import rank_server
 
-    os.environ[PRELOAD_ENV] = ",".join(filter(None, [os.environ.get(PRELOAD_ENV), "pytest",
-                                                     *preload]))  # fmt: skip
+    rank_server.preload[:] = ["pytest"] + [
+        m for value in config.getoption("dist_preload") for m in value.split(",") if m
+    ]
     config.addinivalue_line(
         "markers",
         "multiproc(timeout=None): run the test body on every rank of a process group "

@@ -64,7 +64,7 @@ LAZY_CONNECT_FROM = 128  # ranks: pools this large connect gloo's pairs on first
 
 
 def rank_environment(
-    backend: str, debug: bool, devices: tuple[str, ...], workdir: str, world_size: int = 1
+    backend: str, debug: bool, devices: tuple[str, ...], workdir: str, *, world_size: int
 ) -> dict[str, str]:
     """The environment a pool's ranks start with: this process's, plus the harness's settings.
 
@@ -122,8 +122,8 @@ class RankPool:
         self.conns: list[Connection] = []
         server = rank_server.server()
         for rank in range(world_size):
-            devices_here = node_layout.node_devices(self.nodes, devices, rank)
-            env = rank_environment(backend, debug, devices_here, self.workdir, world_size)
+            mine = node_layout.node_devices(self.nodes, devices, rank)
+            env = rank_environment(backend, debug, mine, self.workdir, world_size=world_size)
             if self.nodes is not None:
                 env.update(node_layout.torchrun_environment(self.nodes, rank))
             self.measured = rank_coverage.ENV_VAR in env
@@ -138,7 +138,9 @@ class RankPool:
             if server is not None:
                 try:
                     proc = server.start_rank(argv, env, out_path, theirs.fileno())
-                except OSError:  # the server died or refused: this pool's ranks start afresh
+                except OSError as exc:  # the server died or refused: ranks start afresh
+                    _say_once(f"refddp: ranks start as fresh interpreters, each importing "
+                              f"torch (slower, more memory): {exc}")  # fmt: skip
                     server = None
             if proc is None:
                 proc = rank_server.start_interpreter(argv, env, out_path, theirs.fileno())
@@ -411,6 +413,15 @@ class RankPool:
             conn.close()
         self.procs, self.conns = [], []
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_said: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    if text not in _said:
+        _said.add(text)
+        print(text, file=sys.stderr)
 
 
 def _failure_text(reply: Reply) -> str:

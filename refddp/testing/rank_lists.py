@@ -31,7 +31,7 @@ def rank_list(ranks: Iterable[int]) -> str:
 def parse_rank_list(text: str) -> list[int]:
     """The ranks of a ``rank_list`` text (``"[0-2, 5]"`` -> ``[0, 1, 2, 5]``)."""
     ranks: list[int] = []
-    for part in text.strip().strip("[]").split(","):
+    for part in filter(str.strip, text.strip().strip("[]").split(",")):
         first, _, last = part.strip().partition("-")
         ranks += range(int(first), int(last or first) + 1)
     return ranks

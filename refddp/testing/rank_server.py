@@ -2,9 +2,11 @@
 
 A rank's start used to be mostly ``import torch`` (a second or more of CPU each, so 8 ranks on 2
 cores took seconds). The driver now starts one server per process (``python -m
-refddp.testing.rank_server``, on the first pool) that imports torch and ``torch.distributed``
-and then only forks. The fork happens before any rank code runs, and the server never touches
-CUDA (it checks, and refuses to fork once CUDA is initialised), so NCCL ranks stay CUDA-safe:
+refddp.testing.rank_server``, on the first pool) that imports torch, ``torch.distributed``, the
+harness's rank code and the modules asked for (``--dist-preload``), and then only forks: what
+it imported is shared by every rank, not imported by each. The fork happens before any rank
+code runs, and the server never touches CUDA (it checks, and refuses to fork once CUDA is
+initialised, or once a preloaded module started a thread), so NCCL ranks stay CUDA-safe:
 each child initialises CUDA itself, as a fresh interpreter would. Coverage is not started in
 the server; each child starts it from the pool's settings, so lines that ranks run are counted
 as before.
@@ -41,6 +43,8 @@ PRELOADED = ("torch", "torch.distributed", "torch.nn", "refddp.testing.worker")
 # hundreds of ranks, each rank importing the test module's dependencies (a trainer, a model
 # library) is most of a pool's start and memory. Imported with the driver's sys.path.
 PRELOAD_ENV, _PRELOAD_PATH_ENV = "REFDDP_PRELOAD", "REFDDP_PRELOAD_PATH"
+preload: list[str] = []  # more, from this process (the plugin's option): the server's alone
+HANDSHAKE_TIMEOUT_S = 300.0  # for the server's imports (a preloaded module may hang)
 
 
 class RankProcess:
@@ -113,8 +117,11 @@ class RankServer:
         # One thread: numpy's OpenBLAS (imported by torch) otherwise starts a pool of threads,
         # and a fork of a multi-threaded process may copy a lock another thread held. Ranks
         # run one intra-op thread anyway (worker.py).
-        env["OMP_NUM_THREADS"] = "1"
+        for threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[threads] = "1"
         env[_PRELOAD_PATH_ENV] = os.pathsep.join(sys.path)
+        asked = [*os.environ.get(PRELOAD_ENV, "").split(","), *preload]
+        env[PRELOAD_ENV] = ",".join(dict.fromkeys(name.strip() for name in asked if name.strip()))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "refddp.testing.rank_server", str(theirs.fileno())],
             env=env,
@@ -124,7 +131,14 @@ class RankServer:
         )
         theirs.close()
         self.sock = ours
-        self._call(None)  # the server answers once its imports are done
+        self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            self._call(None)  # the server answers once its imports are done
+        except OSError:  # a timeout too: the pool's ranks start afresh
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.sock.settimeout(None)
 
     def _call(self, request: Any, fds: Sequence[int] = ()) -> Any:
         socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
@@ -279,6 +293,10 @@ def _preload(names: str, path: str) -> None:
         except Exception as exc:  # noqa: BLE001 - the ranks import it themselves
             print(f"refddp rank server: not preloaded {name}: {type(exc).__name__}: {exc}",
                   file=sys.stderr)  # fmt: skip
+        if len(os.listdir("/proc/self/task")) > 1:
+            print(f"refddp rank server: preloading {name} started a thread; forking is unsafe "
+                  "now, so ranks start as fresh interpreters", file=sys.stderr)  # fmt: skip
+            return
 
 
 def serve(fd: int) -> None:

@@ -18,8 +18,10 @@ from refddp.testing.protocol import FAILURES, Died, Failed, Reply
 from refddp.testing.rank_lists import group, group_rank_lines, rank_list, who
 
 OUTPUT_TAIL_LINES = 40
-FULL_SECTIONS = 6  # distinct tracebacks, stacks or outputs shown in full; the rest in one line
+SHOWN_IN_FULL = 16  # ranks: up to this world size every traceback, stack and output is shown
+FULL_SECTIONS = 6  # beyond it, distinct tracebacks, stacks or outputs in full; the rest one line
 _THREAD_ID = re.compile(r"0x[0-9a-f]{8,}")
+_PEER_PORT = re.compile(r"(\[[0-9a-fA-F.:]+\]):\d+")  # gloo's "[127.0.0.1]:5528"
 
 
 class PoolFiles:
@@ -87,50 +89,51 @@ class PoolFiles:
         offsets: list[int] | None = None,
         details: list[str] = (),  # type: ignore[assignment]
     ) -> str:
-        """The headline, the details, then each rank's state and output: ranks that say the
-        same thing grouped under one header, the first ``FULL_SECTIONS`` distinct tracebacks
-        or stacks in full and the rest in one line each, so a thousand ranks make a screenful."""
+        """The headline, the details, then each rank's state and output, failed ranks first.
+
+        Ranks that say the same thing share one header (thread ids and peers' ports aside,
+        which differ between processes doing the same). Up to ``SHOWN_IN_FULL`` ranks every
+        traceback, stack and output is shown; in larger pools the first ``FULL_SECTIONS``
+        distinct ones (failures before stacks), and each other in one line, so that a thousand
+        ranks make a screenful.
+        """
         lines = [f"{headline} (world_size={self.world_size}, backend={self.backend})"]
-        lines += ["    " + d for d in group_rank_lines(details)]
-        states = group(
-            (rank, "failed:\n" + failures[rank]) if rank in failures
-            else (rank, "still running:\n" + _same_for_every_process(stacks[rank]))
-            if rank in stacks else (rank, "finished")
-            for rank in range(self.world_size)
-        )  # fmt: skip
-        shown = 0
-        for ranks, text in states:
-            state, _, body = text.partition("\n")
-            verb = "" if state != "still running:" else ("was " if len(ranks) == 1 else "were ")
-            if not body:
+        lines += ["    " + d for d in group_rank_lines(map(_same_for_every_process, details))]
+        failed = group((r, _same_for_every_process(failures[r])) for r in sorted(failures))
+        running = group((r, _same_for_every_process(stacks[r])) for r in sorted(stacks))
+        finished = [r for r in range(self.world_size) if r not in failures and r not in stacks]
+        room = len(failed) + len(running) if self.world_size <= SHOWN_IN_FULL else FULL_SECTIONS
+        sections = [(ranks, "failed:", text) for ranks, text in failed]
+        sections += [(ranks, "was still running:" if len(ranks) == 1 else
+                      "were still running:", text) for ranks, text in running]  # fmt: skip
+        for shown, (ranks, state, text) in enumerate(sections):
+            if shown < room:
                 lines.append(f"--- {who(ranks)} {state}")
-            elif shown < FULL_SECTIONS:
-                lines.append(f"--- {who(ranks)} {verb}{state}")
-                lines += ["    " + ln for ln in body.rstrip().splitlines()]
-                shown += 1
+                lines += ["    " + ln for ln in text.rstrip().splitlines()]
             else:  # a traceback's exception; a stack's last collective
-                gist = exception_line(body) if verb == "" else body.splitlines()[0]
-                lines.append(f"--- {who(ranks)} {verb}{state} {gist}")
-        outputs = group(
-            (rank, self.output(rank, offsets[rank] if offsets else 0))
-            for rank in range(self.world_size)
-        )
+                gist = exception_line(text) if state == "failed:" else text
+                lines.append(f"--- {who(ranks)} {state} {gist.splitlines()[0]}")
+        if finished:
+            lines.append(f"--- {who(finished)} finished")
+        order = sorted(range(self.world_size), key=lambda r: r not in failures)
+        outputs = group((r, self.output(r, offsets[r] if offsets else 0)) for r in order)
         outputs = [(ranks, out) for ranks, out in outputs if out.strip()]
-        for ranks, out in outputs[:FULL_SECTIONS]:
+        room = len(outputs) if self.world_size <= SHOWN_IN_FULL else FULL_SECTIONS
+        for ranks, out in outputs[:room]:
             tag = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
             lines.append(f"--- {who(ranks)} output (last {OUTPUT_TAIL_LINES} lines):")
             lines += [f"[{tag}] {ln}" for ln in out.splitlines()[-OUTPUT_TAIL_LINES:]]
-        rest = [r for ranks, _ in outputs[FULL_SECTIONS:] for r in ranks]
+        rest = [r for ranks, _ in outputs[room:] for r in ranks]
         if rest:
             lines.append(f"--- output of {who(sorted(rest))} not shown: "
-                         f"{len(outputs) - FULL_SECTIONS} more distinct output(s)")  # fmt: skip
+                         f"{len(outputs) - room} more distinct output(s)")  # fmt: skip
         return "\n".join(lines)
 
 
-def _same_for_every_process(stack: str) -> str:
-    """A stack dump without what differs between processes that run the same code (thread
-    ids), so that ranks stopped at the same place group together."""
-    return _THREAD_ID.sub("0x…", stack)
+def _same_for_every_process(text: str) -> str:
+    """A stack, traceback or line without what differs between processes doing the same
+    thing (thread ids, the port of a peer's connection), so that such ranks group together."""
+    return _PEER_PORT.sub(r"\1:…", _THREAD_ID.sub("0x…", text))
 
 
 def _last_line(text: str) -> str:

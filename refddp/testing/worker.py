@@ -165,17 +165,20 @@ def _coarse_timer_slack() -> Iterator[None]:
     Gloo's transport thread wakes every 10 ms when idle, only to check whether it should stop;
     measured at 64 ranks, 0.2 % of a core per rank: a thousand idle ranks would keep both
     cores of a 2-core machine busy between tests. A thread inherits the slack of the thread
-    that starts it, so the groups' threads created here keep the coarse slack (socket events
-    still wake them at once), while this thread gets its own back: a test's ``time.sleep``
-    stays precise.
-    Elsewhere than Linux nothing changes.
+    that starts it, so every thread the groups' creation starts keeps the coarse slack: the
+    transport threads (socket events still wake them at once), the threads that run the
+    collectives (their timed waits, torch's collective timeouts, may end up to 200 ms late;
+    the harness's own deadlines are the driver's), NCCL's watchdog. This thread gets its own
+    back: a test's ``time.sleep`` stays precise. Elsewhere than Linux nothing changes.
     """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-        before = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        before = -1
-    if before < 0:
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError, TypeError):
+            prctl = None
+    before = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0) if prctl is not None else -1
+    if prctl is None or before < 0:
         yield
         return
     prctl(_PR_SET_TIMERSLACK, IDLE_LOOP_SLACK_NS, 0, 0, 0)

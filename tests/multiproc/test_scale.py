@@ -104,6 +104,7 @@ def test_at_64_ranks_a_signal_and_a_nonfinite_gradient_keep_the_ranks_in_step(sp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(not os.environ.get("REFDDP_LARGE_WORLDS"),
                     reason="256 ranks take 4 minutes of both cores: make scale")  # fmt: skip
 def test_at_256_ranks_a_signal_and_a_nonfinite_gradient_keep_the_ranks_in_step(spawn, tmp_path):

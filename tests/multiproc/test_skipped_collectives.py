@@ -62,7 +62,8 @@ def skip_one(skipper: int, kind: str, async_op: bool, on_subgroup: bool, lag: fl
 
 def named_in(report: str) -> set[int]:
     """The ranks a report names as the subject of a line: victims, states, headline lists."""
-    found = re.findall(r"(?m)(?:^    |^--- )ranks? (\[[^\]]*\]|\d+)|rank\(s\) (\[[^\]]*\])", report)
+    found = re.findall(r"(?m)(?:^    |^--- )ranks? (\[[^\]]*\]|\d+)(?: \(\d+\))?(?! output)"
+                       r"|rank\(s\) (\[[^\]]*\])", report)  # fmt: skip
     return {r for pair in found for text in pair if text for r in parse_rank_list(text)}
 
 

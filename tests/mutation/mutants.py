@@ -1279,19 +1279,20 @@ MUTANTS = (
     ),
     Mutant(
         "victims-listed-one-by-one", "a failure among many ranks reads as a screenful",
-        REPORTS, "        lines += [\"    \" + d for d in group_rank_lines(details)]",
+        REPORTS, "        lines += [\"    \" + d for d in group_rank_lines(map(_same_for_every_process, details))]",
         "        lines += [\"    \" + d for d in details]",
         (f"{T_SCALE}::test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims",),
     ),
     Mutant(
         "stacks-told-apart-by-thread-id", "a failure among many ranks reads as a screenful",
-        REPORTS, "    return _THREAD_ID.sub(\"0x…\", stack)", "    return stack",
+        REPORTS, "    return _PEER_PORT.sub(r\"\\1:…\", _THREAD_ID.sub(\"0x…\", text))",
+        "    return _PEER_PORT.sub(r\"\\1:…\", text)",
         (f"{T_RANK_LISTS}::test_a_thousand_ranks_stopped_at_one_place_make_one_stack_and_a_screenful",
          f"{T_SCALE}::test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims"),
     ),
     Mutant(
         "every-distinct-failure-in-full", "a failure among many ranks reads as a screenful",
-        REPORTS, "            elif shown < FULL_SECTIONS:", "            elif True:",
+        REPORTS, "            if shown < room:", "            if True:",
         (f"{T_RANK_LISTS}::test_past_the_first_distinct_failures_each_kind_takes_one_line",),
     ),
     Mutant(
@@ -1318,12 +1319,13 @@ MUTANTS = (
     ),
     Mutant(
         "server-forks-with-a-thread-running", "1,024 ranks on one machine", SERVER,
-        '    if len(os.listdir("/proc/self/task")) > 1:', "    if False:",
+        '    if len(os.listdir("/proc/self/task")) > 1:  # a fork copies locks other threads may hold',
+        "    if False:",
         (f"{T_SERVER}::test_a_preloaded_module_that_starts_a_thread_leaves_ranks_to_fresh_interpreters",),
     ),
     Mutant(
         "slow-node-measured-against-the-median", "a slow node's ranks are named", "refddp/stragglers.py",
-        "    typical = statistics.median_low(busy)", "    typical = statistics.median(busy)",
+        "    bar = others * (1 + LAG_SHARE)", "    bar = statistics.median(busy) * (1 + LAG_SHARE)",
         ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",),
     ),
     Mutant(
@@ -1337,5 +1339,23 @@ MUTANTS = (
         "node-throttle-does-nothing", "a slow node's ranks are named", CLUSTER,
         "                _signal_all(pids, signal.SIGSTOP)\n", "",
         (f"{T_CLUSTER}::test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report",),
+    ),
+    Mutant(
+        "victims-told-apart-by-a-peer-s-port", "a failure among many ranks reads as a screenful",
+        REPORTS, "    return _PEER_PORT.sub(r\"\\1:…\", _THREAD_ID.sub(\"0x…\", text))",
+        "    return _THREAD_ID.sub(\"0x…\", text)",
+        (f"{T_RANK_LISTS}::test_victims_whose_errors_differ_only_in_a_peer_s_port_share_one_line",),
+    ),
+    Mutant(
+        "failing-rank-hidden-past-the-cap", "a failure among many ranks reads as a screenful",
+        REPORTS, "        order = sorted(range(self.world_size), key=lambda r: r not in failures)",
+        "        order = range(self.world_size)",
+        (f"{T_RANK_LISTS}::test_the_failing_rank_is_shown_in_full_whatever_its_number",),
+    ),
+    Mutant(
+        "slow-node-streak-on-the-slowest-rank", "a slow node's ranks are named", "refddp/stragglers.py",
+        "        key = slowest // self.ranks_per_node if self.ranks_per_node else slowest",
+        "        key = slowest",
+        ("tests/unit/test_watching_a_run.py::test_a_slow_node_stays_named_while_its_very_slowest_rank_changes",),
     ),
 )

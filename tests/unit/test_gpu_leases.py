@@ -61,7 +61,7 @@ def test_ranks_get_the_parents_masked_devices(two_gpus_behind_a_slurm_mask, tmp_
     from refddp.testing.pool import rank_environment
 
     devices = gpus.lease_devices(2, timeout_s=0.3)
-    env = rank_environment("nccl", True, devices, str(tmp_path))
+    env = rank_environment("nccl", True, devices, str(tmp_path), world_size=len(devices))
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5", "rank r must use GPU 4+r, not GPU r"
 
 

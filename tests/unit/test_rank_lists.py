@@ -1,11 +1,13 @@
 """Rank lists and reports that stay readable at a thousand ranks (refddp/testing/rank_lists.py,
 reports.py)."""
 
+import os
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from refddp.testing.rank_lists import group_rank_lines, parse_rank_list, rank_list, who
-from refddp.testing.reports import FULL_SECTIONS, PoolFiles
+from refddp.testing.reports import FULL_SECTIONS, SHOWN_IN_FULL, PoolFiles
 
 
 def test_runs_of_ranks_are_written_as_ranges():
@@ -64,7 +66,36 @@ def test_past_the_first_distinct_failures_each_kind_takes_one_line(tmp_path):
 
 
 def test_past_the_first_distinct_stacks_each_names_its_last_collective(tmp_path):
-    files = PoolFiles(str(tmp_path), 8, "gloo")
-    stacks = {r: stack("7f00aa00bb00").replace("t.py:4", f"t.py:{r}") for r in range(8)}
-    lines = files.report("rank(s) [0-7] did not finish within 5 s", {}, stacks).splitlines()
-    assert "--- rank 7 was still running: last collective entered: #2 barrier() at t.py:7" in lines
+    files = PoolFiles(str(tmp_path), 20, "gloo")
+    stacks = {r: stack("7f00aa00bb00").replace("t.py:4", f"t.py:{r}") for r in range(20)}
+    lines = files.report("rank(s) [0-19] did not finish within 5 s", {}, stacks).splitlines()
+    assert "--- rank 19 was still running: last collective entered: #2 barrier() at t.py:19" in lines
+
+
+def test_the_failing_rank_is_shown_in_full_whatever_its_number(tmp_path):
+    # The cause is the last rank; the others hang at different lines and print their rank.
+    for world in (8, 64):
+        files = PoolFiles(str(tmp_path / str(world)), world, "gloo")
+        for r in range(world):
+            os.makedirs(files.workdir, exist_ok=True)
+            with open(files.out_path(r), "w") as f:
+                f.write(f"rank {r} says hello\n")
+        last = world - 1
+        failures = {last: 'Traceback (most recent call last):\n  File "t.py", line 3, in f\n'
+                          "ValueError: the real bug"}  # fmt: skip
+        stacks = {r: stack("7f00aa00bb00").replace("t.py:4", f"t.py:{r}") for r in range(last)}
+        lines = files.report(f"rank {last} failed first", failures, stacks).splitlines()
+        assert lines[1] == f"--- rank {last} failed:" and lines[4] == "    ValueError: the real bug"
+        assert f"[rank {last}] rank {last} says hello" in lines, "its output comes first"
+        if world <= SHOWN_IN_FULL:
+            assert sum(ln.endswith("was still running:") for ln in lines) == world - 1
+            assert not any("not shown" in ln for ln in lines)
+
+
+def test_victims_whose_errors_differ_only_in_a_peer_s_port_share_one_line(tmp_path):
+    files = PoolFiles(str(tmp_path), 64, "gloo")
+    details = [f"rank {r}: failed waiting on rank 9 in #2 barrier(): RuntimeError: Read error "
+               f"[127.0.0.1]:{5000 + r}: Connection reset by peer" for r in range(9)]  # fmt: skip
+    lines = files.report("rank 9 failed first: killed", {}, {}, details=details).splitlines()
+    assert lines[1] == ("    ranks [0-8] (9): failed waiting on rank 9 in #2 barrier(): "
+                        "RuntimeError: Read error [127.0.0.1]:…: Connection reset by peer")

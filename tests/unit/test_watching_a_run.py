@@ -5,7 +5,14 @@ import pytest
 import yaml
 
 from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
-from refddp.stragglers import LAG_SHARE, PERSISTENT, StragglerWatch, straggler_fields, whose
+from refddp.stragglers import (
+    LAG_SHARE,
+    PERSISTENT,
+    StragglerWatch,
+    ranks_per_node,
+    straggler_fields,
+    whose,
+)
 from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
 from tests.cli_runs import run, train_command
 from tests.tracker_files import board_events, board_wall_times, history, tensorboard_scalars
@@ -185,3 +192,33 @@ def test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node():
     assert whose([3], 2) == "rank 3" and whose([1, 2], 2) == "ranks [1, 2]"
     assert whose([2, 3, 4, 5], 2) == "ranks [2, 3, 4, 5] (nodes 1, 2)"
     assert whose([2, 3], 0) == "ranks [2, 3]", "one node: no node to name"
+
+
+def test_a_slow_node_stays_named_while_its_very_slowest_rank_changes():
+    two_first = straggler_fields([0.010, 0.010, 0.0117, 0.0116, 0.0, 0.0, 0.0, 0.0])
+    three_first = straggler_fields([0.010, 0.010, 0.0115, 0.0116, 0.0, 0.0, 0.0, 0.0])
+    assert (two_first["slowest_rank"], three_first["slowest_rank"]) == (2, 3)
+    watch = StragglerWatch(ranks_per_node=2)
+    said = [watch.observe(f) for f in (two_first, three_first, two_first)]
+    assert said[-1] is not None and said[-1].startswith("ranks [2, 3] (node 1) are the slowest")
+
+
+def test_the_ranks_behind_agree_with_the_slowest_rank_s_lag_share():
+    odd = straggler_fields([1.0, 1.2, 1.3, 0.0, 0.0, 0.0])  # 18% over the others' median
+    assert odd["straggler_lag_share"] > LAG_SHARE and odd["behind_ranks"] == [2]
+    idle = straggler_fields([0.0, 0.0, 0.0, 0.001, 0.0, 0.0, 0.0, 0.0])
+    assert idle["straggler_lag_share"] == 0.0 and idle["behind_ranks"] == []
+
+
+def test_nodes_are_named_only_on_torchrun_jobs_of_several_equal_nodes(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert ranks_per_node(4) == 2
+    assert ranks_per_node(5) == 0, "nodes of different sizes"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    assert ranks_per_node(2) == 0, "one node"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "two")
+    assert ranks_per_node(4) == 0
+    monkeypatch.delenv("GROUP_WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert ranks_per_node(4) == 0, "srun sets neither"
