@@ -13,6 +13,7 @@ suite); ``benchmarks/harness_scale.py`` takes the harness itself to 1,024.
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -118,13 +119,16 @@ def test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims(spawn)
     lines = report.splitlines()
     assert info.value.cause == 17
     assert lines[0].startswith("rank 17 failed first: ValueError: rank 17's own bug"), lines[0]
-    victims = lines[1].split("(", 1)[0].strip()
-    assert victims == "ranks [0-16, 18-63]", lines[1]
-    assert parse_rank_list(victims.split(" ", 1)[1]) == [r for r in range(WORLD) if r != 17]
-    assert ": waiting on rank 17 in #2 all_reduce(" in lines[1]
-    # One traceback, one stack for the 63 waiting ranks (thread ids aside, theirs are equal).
-    assert report.count("--- ") <= 4, report
-    assert len(lines) < 80, f"{len(lines)} lines"
+    # One line for the ranks waiting in #2; a rank still on its way there when rank 17 failed
+    # (64 ranks on 2 cores) gets a line of its own. Every other rank is named, once.
+    details = lines[1 : lines.index(next(ln for ln in lines if ln.startswith("--- ")))]
+    named = [parse_rank_list(re.match(r"    ranks? (\[[^\]]*\]|\d+)", ln)[1]) for ln in details]
+    assert sorted(r for ranks in named for r in ranks) == [r for r in range(WORLD) if r != 17]
+    assert ": waiting on rank 17 in #2 all_reduce(" in lines[1] and len(named[0]) >= WORLD // 2
+    assert len(details) <= 4, report
+    # One traceback, one stack for the ranks waiting (thread ids aside, theirs are equal).
+    assert report.count("--- ") <= 6, report
+    assert len(lines) < 100, f"{len(lines)} lines"
 
 
 def half_all_reduce_half_broadcast() -> None:
