@@ -192,6 +192,15 @@ class TrainConfig:
     num_workers: int = _opt(
         0, "DataLoader worker processes per rank", resume=APPLIED, at_least=0
     )
+    worker_start: str = _opt(
+        "auto",
+        "how loader workers start: fork, forkserver (each a fork of a clean process: the "
+        "dataset must pickle) or spawn; auto: forkserver on Pythons where a forked worker of "
+        "a rank can deadlock (3.10 before 3.10.15, 3.11 before 3.11.10: CPython gh-112275), "
+        "else fork",
+        ("auto", "fork", "forkserver", "spawn"),
+        resume=APPLIED,
+    )
     seed: int = _opt(
         0, "seed for data generation, initialisation, shuffling and dropout", resume=REFUSED
     )

@@ -9,8 +9,12 @@ accumulation steps. That is what makes runs world-size invariant and mid-epoch r
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
 import signal
+import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +26,8 @@ from refddp.image_folder import image_folders, is_image_folder
 from refddp.imports import is_import_path, load_callable
 from refddp.objectives.batches import IGNORE_INDEX
 from refddp.step_agreement import StopRequest
+
+log = logging.getLogger(__name__)
 
 
 class _Batch(tuple):
@@ -251,12 +257,68 @@ def _quiet_worker(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+# CPython gh-112275: a forked child can deadlock before it runs a line if, at the fork, another
+# thread was creating a Python thread state. A rank's gloo (and NCCL) threads do that each time
+# they release a finished collective that holds a tensor, so a rank forking loader workers hangs
+# now and then (seen here: 3 runs in 100 under load). Fixed in these releases, and from 3.12 on.
+_FORK_DEADLOCK_FIXED_IN = {(3, 10): 15, (3, 11): 10}
+
+
+def fork_can_deadlock(version: tuple = tuple(sys.version_info[:3])) -> bool:
+    """Whether this CPython has gh-112275 (3.10 before 3.10.15, 3.11 before 3.11.10)."""
+    fixed_in = _FORK_DEADLOCK_FIXED_IN.get(tuple(version[:2]))
+    return fixed_in is not None and version[2] < fixed_in
+
+
+def worker_start_method(c: TrainConfig) -> str | None:
+    """How this run's loader workers start (None: no workers, or the platform's default).
+
+    ``auto`` is forkserver where ``fork_can_deadlock``: workers fork from a process with no
+    other thread, so none can hold the lock. It costs one clean process per rank (it imports
+    the rank's main module once) and needs a dataset that pickles; ``LoaderFallback`` forks
+    when it does not, with a warning.
+    """
+    if not c.num_workers:
+        return None
+    if c.worker_start != "auto":
+        return c.worker_start
+    if sys.platform.startswith("linux") and fork_can_deadlock():
+        # What every worker needs, imported once by the server rather than by each worker.
+        multiprocessing.set_forkserver_preload(["torch", "refddp.data"])
+        return "forkserver"
+    return None
+
+
+class LoaderFallback(DataLoader):
+    """A DataLoader whose workers fork after all, warned once, when ``auto`` chose forkserver
+    and the dataset does not pickle (a lambda or a local class in it): the run works as it did
+    before, with the deadlock risk named."""
+
+    def __iter__(self) -> Any:
+        try:
+            with warnings.catch_warnings():  # torch's own advice on it: ours follows
+                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
+                return super().__iter__()
+        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            if self.multiprocessing_context is None or "pickle" not in str(exc):
+                raise
+            self.multiprocessing_context = "fork"
+            log.warning("loader workers fork: the dataset does not pickle (%s); on Python %s "
+                        "a forked worker can deadlock (CPython gh-112275): use Python 3.11.10+ "
+                        "or 3.12+, or a dataset that pickles", exc,
+                        ".".join(map(str, sys.version_info[:3])))  # fmt: skip
+            return super().__iter__()
+
+
 def make_loader(
     dataset: Dataset, sampler: Sampler, batch_size: int, c: TrainConfig, pin: bool, seed: int
 ) -> DataLoader:
     """A DataLoader over ``dataset`` with per-sample seeds (``SeededFetch``) for the sampler's
-    epoch; worker seeds (Python, numpy) come from ``seed``."""
-    return DataLoader(
+    epoch; worker seeds (Python, numpy) come from ``seed``; workers started as
+    ``worker_start_method`` says."""
+    method = worker_start_method(c)
+    loader = DataLoader if method is None or c.worker_start != "auto" else LoaderFallback
+    return loader(
         SeededFetch(dataset, c.seed, getattr(sampler, "epoch", 0)),
         batch_size=batch_size,
         sampler=sampler,
@@ -266,4 +328,5 @@ def make_loader(
         worker_init_fn=_quiet_worker if c.num_workers else None,
         generator=torch.Generator().manual_seed(seed),
         drop_last=False,
+        multiprocessing_context=method,
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,13 +27,63 @@ def train_command(out: Path | str, *args: object, **flags: object) -> list[str]:
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
+    # PYTHONFAULTHANDLER: every Python process of the run (launcher, ranks, loader workers,
+    # which inherit it through fork) writes its threads' stacks on SIGABRT, so a run that hangs
+    # in a test fails with the stacks that say where (``stop_hung``).
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(extra or {})}
+
+
+class RunHung(subprocess.TimeoutExpired):
+    """A run outlived its timeout; its message ends with what it printed, stacks included."""
+
+    def __str__(self) -> str:
+        printed = "".join(part for part in (self.output, self.stderr) if part)
+        return f"{super().__str__()}; what it printed, every process's stacks last:\n" + printed[-12000:]
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (from /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parent = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def stop_hung(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Make every process under ``procs`` write its stacks (SIGABRT), then kill what is left."""
+    tree = [pid for proc in procs for pid in _process_tree(proc.pid)]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
+        time.sleep(0.1)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 240):
-    """Run to completion from the repo root (so ``tests.user_code`` imports); output captured."""
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=_env(env))  # fmt: skip
+    """Run to completion from the repo root (so ``tests.user_code`` imports); output captured.
+
+    A run still going after ``timeout`` raises ``RunHung`` with every process's stacks."""
+    proc = start(cmd, env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_hung([proc])
+        stdout, stderr = proc.communicate(timeout=30)  # (its tree is gone: the pipes close)
+        raise RunHung(cmd, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -54,15 +107,14 @@ def run_nodes(commands: list[list[str]], timeout: float = 240) -> list[tuple[int
     """Start the nodes in this order (on one host torchrun ranks nodes by process id, so the
     first becomes rank 0) and wait for all: each node's (exit code, output).
 
-    A hang raises ``subprocess.TimeoutExpired`` carrying every node's output; no node outlives
-    the call.
+    A hang raises ``subprocess.TimeoutExpired`` carrying every node's output, each process's
+    stacks included (``stop_hung``); no node outlives the call.
     """
     nodes = [start(command) for command in commands]
     try:
         outputs = ["".join(node.communicate(timeout=timeout)) for node in nodes]
     except subprocess.TimeoutExpired as exc:
-        for node in nodes:
-            node.kill()
+        stop_hung(nodes)
         exc.output = "\n".join("".join(node.communicate()) for node in nodes)
         raise
     finally:

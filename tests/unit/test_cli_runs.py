@@ -1,0 +1,26 @@
+"""The CLI tests' runner: a run that hangs fails the test with every process's stacks."""
+
+import sys
+
+import pytest
+
+from tests.cli_runs import RunHung, run
+
+# A parent and a forked child, both stuck in a function whose name the stacks must show.
+HANGS_IN_TWO_PROCESSES = """
+import os, time
+def stuck_in_the_parent(): time.sleep(600)
+def stuck_in_the_child(): time.sleep(600)
+if os.fork() == 0:
+    stuck_in_the_child()
+print("started", flush=True)
+stuck_in_the_parent()
+"""
+
+
+def test_a_hung_run_fails_with_the_stacks_of_the_process_and_its_children():
+    with pytest.raises(RunHung) as caught:
+        run([sys.executable, "-c", HANGS_IN_TWO_PROCESSES], timeout=3)
+    report = str(caught.value)
+    assert "timed out after 3 seconds" in report and "started" in report
+    assert "stuck_in_the_parent" in report and "stuck_in_the_child" in report

@@ -1,0 +1,77 @@
+"""How loader workers start (refddp/data.py ``worker_start_method``).
+
+On Pythons with CPython gh-112275 a worker forked from a rank can deadlock before it runs a
+line (a rank's gloo threads create Python thread states as they release finished collectives;
+seen in CI and here, 3 runs in 100 under load). ``auto`` starts them from a forkserver there,
+falls back to fork for a dataset that does not pickle (warned), and forks elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from torch.utils.data import Dataset, SequentialSampler
+
+from refddp import data
+from refddp.config import TrainConfig
+
+
+class ParentPid(Dataset):
+    """Each sample: the process id of the parent of the process that fetched it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([os.getppid()])
+
+
+class Unpicklable(ParentPid):
+    def __init__(self) -> None:
+        self.key = lambda i: i  # a lambda: pickle refuses it
+
+
+def parents(dataset: Dataset, **config) -> set[int]:
+    c = TrainConfig(num_workers=1, **config)
+    loader = data.make_loader(dataset, SequentialSampler(dataset), 2, c, False, seed=0)
+    return {int(p) for batch in loader for p in batch.flatten()}
+
+
+@pytest.mark.parametrize(
+    ("version", "can_deadlock"),
+    [((3, 10, 14), True), ((3, 10, 15), False), ((3, 11, 7), True), ((3, 11, 9), True),
+     ((3, 11, 10), False), ((3, 12, 0), False), ((3, 13, 5), False)],  # fmt: skip
+)
+def test_the_pythons_whose_forked_children_can_deadlock(version, can_deadlock):
+    assert data.fork_can_deadlock(version) is can_deadlock
+
+
+def test_auto_starts_workers_from_a_forkserver_only_where_a_fork_can_deadlock(monkeypatch):
+    monkeypatch.setattr(data, "fork_can_deadlock", lambda: True)
+    assert data.worker_start_method(TrainConfig(num_workers=2)) == "forkserver"
+    assert data.worker_start_method(TrainConfig(num_workers=0)) is None  # no workers
+    assert data.worker_start_method(TrainConfig(num_workers=2, worker_start="fork")) == "fork"
+    monkeypatch.setattr(data, "fork_can_deadlock", lambda: False)
+    assert data.worker_start_method(TrainConfig(num_workers=2)) is None  # the platform's
+    assert data.worker_start_method(TrainConfig(num_workers=2, worker_start="spawn")) == "spawn"
+
+
+def test_on_such_a_python_workers_are_not_forked_from_the_rank(monkeypatch):
+    monkeypatch.setattr(data, "fork_can_deadlock", lambda: True)
+    assert os.getpid() not in parents(ParentPid())  # a forkserver's children
+    assert parents(ParentPid(), worker_start="fork") == {os.getpid()}
+
+
+def test_a_dataset_that_does_not_pickle_still_loads_through_forked_workers_with_a_warning(
+    monkeypatch, caplog
+):
+    monkeypatch.setattr(data, "fork_can_deadlock", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="refddp.data"):
+        assert parents(Unpicklable()) == {os.getpid()}
+    assert "loader workers fork: the dataset does not pickle" in caplog.text
+    assert "gh-112275" in caplog.text
+    with pytest.raises(Exception, match="pickle"):  # asked for by name: no fallback
+        parents(Unpicklable(), worker_start="forkserver")
