@@ -219,7 +219,7 @@ def _fork_rank(request: tuple, fd: int, sock: socket.socket) -> int:
 
     if torch.cuda.is_initialized():  # a fork would inherit a CUDA context it cannot use
         raise RuntimeError("CUDA was initialised in the rank server")
-    if len(os.listdir("/proc/self/task")) > 1:  # a fork copies locks other threads may hold
+    if _has_other_threads():  # a fork copies locks other threads may hold
         raise RuntimeError("a module the rank server preloaded started a thread")
     go_r, go_w = os.pipe()
     pid_r, pid_w = os.pipe()
@@ -293,10 +293,15 @@ def _preload(names: str, path: str) -> None:
         except Exception as exc:  # noqa: BLE001 - the ranks import it themselves
             print(f"refddp rank server: not preloaded {name}: {type(exc).__name__}: {exc}",
                   file=sys.stderr)  # fmt: skip
-        if len(os.listdir("/proc/self/task")) > 1:
+        if _has_other_threads():
             print(f"refddp rank server: preloading {name} started a thread; forking is unsafe "
                   "now, so ranks start as fresh interpreters", file=sys.stderr)  # fmt: skip
             return
+
+
+def _has_other_threads() -> bool:
+    """Whether a thread besides this one runs here (Linux: one entry per thread)."""
+    return len(os.listdir("/proc/self/task")) > 1
 
 
 def serve(fd: int) -> None:
