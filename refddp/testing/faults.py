@@ -20,20 +20,22 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Fault", "delay", "error", "exit", "fault_point", "hang", "kill"]
+__all__ = ["Fault", "cut_node", "delay", "error", "exit", "fault_point", "hang", "kill",
+           "kill_node"]
 
 
 class Fault(NamedTuple):
     """One fault: what it does (``kind``), on which ``rank``, and where (``at``)."""
 
-    kind: str  # kill | error | hang | exit | delay
-    rank: int
+    kind: str  # kill | error | hang | exit | delay | cut; kill_node | cut_node before expand
+    rank: int  # (a node fault's node until ``expand``)
     at: int | str  # the k-th collective (1-based), or a fault_point name
     value: Any = None  # error: the message; exit: the code; delay: seconds
 
@@ -41,6 +43,8 @@ class Fault(NamedTuple):
         return f"collective #{self.at}" if isinstance(self.at, int) else f"fault point {self.at!r}"
 
     def describe(self) -> str:
+        if self.kind in NODE_FAULTS:
+            return f"{self.kind} node {self.rank} at {self.where()}"
         return f"{self.kind} rank {self.rank} at {self.where()}"
 
 
@@ -79,6 +83,46 @@ def delay(rank: int, at: int | str, seconds: float) -> Fault:
     return _fault("delay", rank, at, float(seconds))
 
 
+NODE_FAULTS = ("kill_node", "cut_node")
+
+
+def kill_node(node: int, at: int | str) -> Fault:
+    """Node ``node`` dies: each of its ranks is SIGKILLed inside collective ``at`` (needs
+    ``nnodes``); the report says ``node N lost``, with its ranks."""
+    return _fault("kill_node", node, at)
+
+
+def cut_node(node: int, at: int | str) -> Fault:
+    """Node ``node``'s link goes down (its ``eth0``) as its first rank enters collective ``at``
+    (real nodes only: ``real_nodes=True``); every rank then waits in it until the deadline,
+    which reports the hang with the cut named."""
+    return _fault("cut_node", node, at)
+
+
+def expand(faults: tuple[Fault, ...], ranks_of_node: list[list[int]] | None,
+           real_nodes: bool) -> tuple[Fault, ...]:  # fmt: skip
+    """Node faults as the rank faults that act them out (labelled with their node); a ValueError
+    in one line where the pool has no such node."""
+    out: list[Fault] = []
+    for fault in faults:
+        if fault.kind not in NODE_FAULTS:
+            out.append(fault)
+            continue
+        if ranks_of_node is None or fault.rank >= len(ranks_of_node):
+            have = f"{len(ranks_of_node)} node(s)" if ranks_of_node else "no nodes (nnodes=None)"
+            raise ValueError(f"faults.{fault.kind}: no node {fault.rank}: the pool has {have}")
+        if fault.kind == "cut_node" and not real_nodes:
+            raise ValueError("faults.cut_node needs real nodes (real_nodes=True): a simulated "
+                             "node has no link of its own")  # fmt: skip
+        ranks = ranks_of_node[fault.rank]
+        label = f"node {fault.rank}"
+        if fault.kind == "kill_node":
+            out += [Fault("kill", r, fault.at, label) for r in ranks]
+        else:
+            out.append(Fault("cut", ranks[0], fault.at, label))
+    return tuple(out)
+
+
 # -- rank side ---------------------------------------------------------------------------------
 
 _armed: list[Fault] = []  # this rank's faults for the current task, not yet fired
@@ -113,10 +157,13 @@ def fire(fault: Fault, where: str, call: Callable[[], Any] | None = None) -> Any
     """Act out ``fault`` at ``where`` ("collective #3 all_reduce(...)"). ``call`` runs the
     collective itself: a delay lets it complete late; the other faults never run it, so no
     rank completes collective #k (a peer's result never depends on how far a dying rank got)."""
+    node = f" ({fault.value})" if fault.kind in ("kill", "cut") and fault.value else ""
     with open(_record_path or os.devnull, "a") as record:
-        record.write(f"{fault.kind} rank {fault.rank} at {where}\n")
+        record.write(f"{fault.kind} rank {fault.rank} at {where}{node}\n")
     sys.stdout.flush()
     sys.stderr.flush()
+    if fault.kind == "cut":  # the node's cable pulled (this rank runs in its namespace, as root)
+        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, capture_output=True)
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if fault.kind == "error":

@@ -9,7 +9,8 @@ and a per-test ``monkeypatch`` made there (``protocol.RANK_FIXTURES``), ``tmp_pa
 pickled to the ranks. pytest's other built-in fixtures (``capsys``, ``caplog``, ``request``...)
 belong to the pytest process; asking for one fails that test at setup, naming it.
 ``@pytest.mark.nodes(n)`` runs a test's ranks as n simulated nodes (each with a
-``node_tmp_path`` of its own, per test); ``@pytest.mark.faults(...)`` injects faults into a
+``node_tmp_path`` of its own, per test), with ``real=True`` as n real nodes (network
+namespaces: see ``nodes.py``); ``@pytest.mark.faults(...)`` injects faults into a
 rank-side test (``spawn`` takes ``faults=``).
 """
 
@@ -87,8 +88,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "nodes(n): run the ranks as n simulated nodes (torchrun's LOCAL_RANK, GROUP_RANK...; "
-        "a host name and dist_ctx.node_tmp_path per node)",
+        "nodes(n, real=False): run the ranks as n simulated nodes (torchrun's LOCAL_RANK, "
+        "GROUP_RANK...; a host name and dist_ctx.node_tmp_path per node); real=True: each node "
+        "a network namespace with its own interface, address and host name (root only)",
     )
     config.addinivalue_line(
         "markers",
@@ -184,11 +186,14 @@ def _timeout(item: pytest.Item, explicit: float | None) -> float:
     return float(item.config.getoption("dist_timeout"))
 
 
-def _nnodes(item: pytest.Item, explicit: int | None) -> int | None:
+def _nnodes(item: pytest.Item, explicit: int | None, real: bool) -> tuple[int | None, bool]:
+    """How many nodes, and whether real ones: from ``spawn``'s arguments, else the marker."""
     if explicit is not None:
-        return explicit
+        return explicit, real
     marker = item.get_closest_marker("nodes")
-    return int(marker.args[0]) if marker is not None else None
+    if marker is None:
+        return None, real
+    return int(marker.args[0]), bool(marker.kwargs.get("real", real))
 
 
 def _node_dirs(item: pytest.Item, nnodes: int | None) -> tuple[str, ...]:
@@ -221,6 +226,7 @@ def _run_on_ranks(
     rank_fixtures: tuple[str, ...] = (),
     faults: tuple = (),
     nnodes: int | None = None,
+    real_nodes: bool = False,
 ) -> list[Any]:
     __tracebackhide__ = True
     from refddp.torch_support import floor_refused
@@ -237,11 +243,19 @@ def _run_on_ranks(
     backend = backend or ("nccl" if gpu else "gloo")
     deadline = _timeout(item, timeout)
     debug = bool(item.config.getoption("dist_debug"))
-    nnodes = _nnodes(item, nnodes)
+    nnodes, real_nodes = _nnodes(item, nnodes, real_nodes)
     try:
         layout(world_size, nnodes)
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
+    if real_nodes:
+        from refddp.testing.cluster import unavailable
+
+        if nnodes is None:
+            pytest.fail("real nodes need a node count: nodes(n, real=True) or nnodes=n",
+                        pytrace=False)  # fmt: skip
+        if unavailable():
+            pytest.skip(f"real nodes: {unavailable()}")
     devices: tuple[str, ...] = ()
     under_xdist = "PYTEST_XDIST_WORKER" in os.environ
     if backend == "nccl":
@@ -251,7 +265,7 @@ def _run_on_ranks(
         devices = lease_devices(world_size, timeout_s=deadline)
     module = getattr(item, "module", None)
     extra = (module.__name__,) if module is not None else ()
-    key = PoolKey(world_size, backend, debug, devices, nnodes)
+    key = PoolKey(world_size, backend, debug, devices, nnodes, real_nodes)
     options = dict(
         extra_modules=extra,
         rank_fixtures=rank_fixtures,
@@ -272,7 +286,7 @@ def _run_on_ranks(
 @pytest.fixture
 def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[Callable]:
     """``spawn(fn, *args, world_size=2, backend=None, timeout=None, faults=(), nnodes=None,
-    **kwargs) -> list``.
+    real_nodes=False, **kwargs) -> list``.
 
     Runs ``fn`` (any callable: lambdas and closures too) on every rank of an initialised
     process group; results ordered by rank.
@@ -286,13 +300,13 @@ def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[C
         timeout: float | None = None,
         faults: Iterable[Any] = (),
         nnodes: int | None = None,
+        real_nodes: bool = False,
         **kwargs: Any,
     ) -> list[Any]:
         __tracebackhide__ = True
         size = world_size if world_size is not None else _refddp_world_size
-        return _run_on_ranks(
-            request.node, fn, args, kwargs, size, backend, timeout, (), tuple(faults), nnodes
-        )
+        return _run_on_ranks(request.node, fn, args, kwargs, size, backend, timeout, (),
+                             tuple(faults), nnodes, real_nodes)  # fmt: skip
 
     yield run
 

@@ -109,10 +109,18 @@ class RankPool:
         devices: tuple[str, ...] = (),
         start_timeout_s: float = 120.0,
         nnodes: int | None = None,
+        real_nodes: bool = False,
     ):
         from refddp.dist import loopback_store
 
         self.nodes = node_layout.layout(world_size, nnodes)
+        self.cluster: Any = None  # with real_nodes: the cluster.Cluster its nodes are
+        if real_nodes:
+            if self.nodes is None:
+                raise ValueError("real_nodes needs nnodes: how many nodes to make")
+            from refddp.testing.cluster import Cluster
+
+            self.cluster = Cluster(self.nodes.nnodes)
         self.world_size, self.backend = world_size, backend
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
         self.files = PoolFiles(self.workdir, world_size, backend)
@@ -126,6 +134,10 @@ class RankPool:
             env = rank_environment(backend, debug, mine, self.workdir, world_size=world_size)
             if self.nodes is not None:
                 env.update(node_layout.torchrun_environment(self.nodes, rank))
+            if self.cluster is not None:
+                node = self.cluster.nodes[self.nodes.node_of(rank)]
+                hosts = self.cluster.hosts_file(node.index)
+                env.update(node_layout.real_node_environment(node.namespace, node.hostname, hosts))
             self.measured = rank_coverage.ENV_VAR in env
             ours, theirs = socket.socketpair()
             argv = [
@@ -191,6 +203,7 @@ class RankPool:
         ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default).
         """
         __tracebackhide__ = True
+        faults = fault_records.expand(faults, self._ranks_of_nodes(), self.cluster is not None)
         for fault in faults:
             if fault.rank >= self.world_size:
                 raise ValueError(f"{fault.describe()}: no rank {fault.rank} in a world of "
@@ -236,6 +249,22 @@ class RankPool:
             raise RankFailure(self.files.report(text, {}, {}, offsets), {})
         return [pickle.loads(replies[r].result) for r in range(self.world_size)]
 
+    def _ranks_of_nodes(self) -> list[list[int]] | None:
+        if self.nodes is None:
+            return None
+        ranks = range(self.world_size)
+        return [[r for r in ranks if self.nodes.node_of(r) == k] for k in range(self.nodes.nnodes)]
+
+    def _lost_nodes(self, replies: dict[int, Reply]) -> str:
+        """``node 1 lost (ranks [2, 3] died); `` when every rank of a node died, else ``""``."""
+        died = {r for r, m in replies.items() if isinstance(m, Died)}
+        lost = [k for k, ranks in enumerate(self._ranks_of_nodes() or []) if set(ranks) <= died]
+        if not lost:
+            return ""
+        ranks = [r for k in lost for r in (self._ranks_of_nodes() or [])[k]]
+        nodes = ", ".join(map(str, lost))
+        return f"node{'s' if len(lost) > 1 else ''} {nodes} lost (ranks {rank_list(ranks)} died); "
+
     def _fail(
         self,
         replies: dict[int, Reply],
@@ -275,6 +304,7 @@ class RankPool:
                     details = blame(cause, replies, pending, acting, slots, "")[1] + details
             else:
                 headline = f"rank(s) {rank_list(failures)} failed"
+            headline = self._lost_nodes(replies) + headline
             error: RankFailure = RankFailure(
                 self.files.report(headline, failures, stacks, offsets, details),
                 failures,
@@ -412,6 +442,8 @@ class RankPool:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+        if self.cluster is not None:
+            self.cluster.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -25,6 +25,7 @@ class PoolKey(NamedTuple):
     debug: bool = True
     devices: tuple[str, ...] = ()
     nnodes: int | None = None
+    real_nodes: bool = False  # each node a cluster.Cluster's (nodes.py)
 
 
 _pools: dict[PoolKey, RankPool] = {}
@@ -38,8 +39,9 @@ def get_pool(key: PoolKey) -> RankPool:
         if pool is not None:
             pool.close()
         pool = _pools[key] = RankPool(
-            key.world_size, key.backend, key.debug, key.devices, nnodes=key.nnodes
-        )
+            key.world_size, key.backend, key.debug, key.devices, nnodes=key.nnodes,
+            real_nodes=key.real_nodes,
+        )  # fmt: skip
     return pool
 
 
@@ -91,17 +93,19 @@ def spawn_ranks(
     debug: bool = True,
     faults: Iterable[Fault] = (),
     nnodes: int | None = None,
+    real_nodes: bool = False,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on every rank of a ``world_size`` group; one result per rank.
 
     ``backend=None`` means gloo (the pytest ``spawn`` fixture picks nccl for ``gpu`` tests);
     ``faults`` are injected (``refddp.testing.faults``); ``nnodes`` splits the ranks into
-    simulated nodes (``nodes.py``). Raises ``RankFailure`` as soon as a rank fails (``cause``:
+    simulated nodes (``nodes.py``), real ones (network namespaces, root only) with
+    ``real_nodes``. Raises ``RankFailure`` as soon as a rank fails (``cause``:
     the rank that failed first), ``RankTimeout`` after ``timeout`` seconds (or sooner for a
     certain hang) and ``RankSkipped`` if a rank skipped.
     """
     __tracebackhide__ = True
-    key = PoolKey(world_size, backend or "gloo", debug, (), nnodes)
+    key = PoolKey(world_size, backend or "gloo", debug, (), nnodes, real_nodes)
     deadline = timeout if timeout is not None else DEFAULT_TIMEOUT_S
     return run_on_pool(key, fn, args, kwargs, deadline, faults=tuple(faults))

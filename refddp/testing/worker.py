@@ -197,18 +197,20 @@ def _init_group(args: argparse.Namespace) -> RankContext:
         # pool's without simulated nodes), in local rank order.
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
-    store = dist.TCPStore(  # this pool's own store: its keys are the pool's alone
-        "127.0.0.1",
-        args.store_port,
-        is_master=False,
-        timeout=datetime.timedelta(seconds=args.init_timeout),
-    )
+    with nodes.host_network():  # (a real node's rank reaches the store on this machine's)
+        store = dist.TCPStore(  # this pool's own store: its keys are the pool's alone
+            "127.0.0.1",
+            args.store_port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=args.init_timeout),
+        )
     detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
     if detail:
         # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
         # on gloo); our own fingerprint check takes its place. DETAIL is restored below.
         dist.set_debug_level(dist.DebugLevel.INFO)
-    pin_gloo_to_loopback()  # a pool's ranks are all on this machine
+    if not nodes.on_real_node():  # (there gloo binds the node's interface)
+        pin_gloo_to_loopback()  # a pool's ranks are all on this machine
     with _coarse_timer_slack():
         dist.init_process_group(
             args.backend,
@@ -242,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
     args = parser.parse_args(argv)
 
+    nodes.enter_real_node()  # (first: while this process has one thread)
     cov = rank_coverage.start()
     if cov is not None:
         # SIGTERM (the driver's second way to stop a busy rank) saves this rank's data too.

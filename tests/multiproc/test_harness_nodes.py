@@ -5,9 +5,10 @@ import os
 import socket
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, rank_context
+from refddp.testing import RankFailure, faults, rank_context
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
@@ -84,3 +85,30 @@ def test_node_tmp_path_lasts_for_the_whole_test(spawn):
 def test_without_nodes_ranks_get_no_torchrun_variables_and_no_node_dir(spawn):
     for s in spawn(where_am_i):
         assert s["env"]["LOCAL_RANK"] is None and s["node_tmp_path"] == "None"
+
+
+def _three_all_reduces() -> float:
+    x = torch.ones(1)
+    for _ in range(3):
+        dist.all_reduce(x)
+    return float(x)
+
+
+def test_a_node_killed_at_a_collective_is_reported_as_lost_with_its_ranks(spawn):
+    with pytest.raises(RankFailure) as caught:
+        spawn(_three_all_reduces, world_size=6, nnodes=3, faults=[faults.kill_node(1, at=2)])
+    report = str(caught.value)
+    assert report.startswith("node 1 lost (ranks [2, 3] died); rank 2 failed first"), report
+    assert "injected: kill rank 2 at collective #2 all_reduce" in report
+    assert report.count("(node 1)") >= 1
+    # The next test gets a sound pool.
+    assert spawn(_three_all_reduces, world_size=6, nnodes=3) == [6.0**3] * 6
+
+
+def test_node_faults_need_a_node_and_a_cut_needs_real_nodes(spawn):
+    with pytest.raises(ValueError, match=r"faults.kill_node: no node 2: the pool has 2 node\(s\)"):
+        spawn(_three_all_reduces, world_size=4, nnodes=2, faults=[faults.kill_node(2, at=1)])
+    with pytest.raises(ValueError, match="no node 0: the pool has no nodes"):
+        spawn(_three_all_reduces, world_size=4, faults=[faults.kill_node(0, at=1)])
+    with pytest.raises(ValueError, match="faults.cut_node needs real nodes"):
+        spawn(_three_all_reduces, world_size=4, nnodes=2, faults=[faults.cut_node(1, at=1)])

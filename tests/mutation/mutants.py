@@ -57,6 +57,7 @@ RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank
 T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
 WORKER, SERVER = "refddp/testing/worker.py", "refddp/testing/rank_server.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
+T_REAL = "tests/multiproc/test_harness_real_nodes.py"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
 STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
@@ -1319,7 +1320,7 @@ MUTANTS = (
     ),
     Mutant(
         "server-forks-with-a-thread-running", "1,024 ranks on one machine", SERVER,
-        '    if len(os.listdir("/proc/self/task")) > 1:  # a fork copies locks other threads may hold',
+        "    if _has_other_threads():  # a fork copies locks other threads may hold",
         "    if False:",
         (f"{T_SERVER}::test_a_preloaded_module_that_starts_a_thread_leaves_ranks_to_fresh_interpreters",),
     ),
@@ -1357,5 +1358,68 @@ MUTANTS = (
         "        key = slowest // self.ranks_per_node if self.ranks_per_node else slowest",
         "        key = slowest",
         ("tests/unit/test_watching_a_run.py::test_a_slow_node_stays_named_while_its_very_slowest_rank_changes",),
+    ),
+    Mutant(
+        "real-node-keeps-the-machine-s-host-name", "a user's test with nodes(2, real=True) sees two machines",
+        NODES, '    _libc_call("sethostname", name, len(name))\n', "",
+        (f"{T_REAL}::test_each_node_s_ranks_see_their_node_s_host_name_address_and_directory",),
+    ),
+    Mutant(
+        "real-node-without-its-hosts-file", "a user's test with nodes(2, real=True) sees two machines",
+        NODES, '    _libc_call("mount", os.environ[HOSTS_ENV].encode(), b"/etc/hosts", None, _MS_BIND, None)\n',
+        "",
+        (f"{T_REAL}::test_each_node_s_ranks_see_their_node_s_host_name_address_and_directory",),
+    ),
+    Mutant(
+        "real-node-ranks-stay-on-the-machine-s-network", "a user's test with nodes(2, real=True) sees two machines",
+        NODES, '    _libc_call("setns", node_network, _CLONE_NEWNET)\n    os.close(node_network)\n',
+        "    os.close(node_network)\n",
+        (f"{T_REAL}::test_node_addresses_reach_across_the_bridge_and_loopback_stays_on_the_node",
+         f"{T_REAL}::test_a_node_s_link_cut_at_a_collective_is_a_hang_reported_with_the_cut_named"),
+    ),
+    Mutant(
+        "real-node-gloo-on-loopback", "a user's test with nodes(2, real=True) sees two machines",
+        WORKER, "    if not nodes.on_real_node():  # (there gloo binds the node's interface)\n",
+        "    if True:\n",
+        (f"{T_REAL}::test_a_node_s_link_cut_at_a_collective_is_a_hang_reported_with_the_cut_named",),
+    ),
+    Mutant(
+        "real-node-store-sought-on-the-node", "a user's test with nodes(2, real=True) sees two machines",
+        WORKER, "    with nodes.host_network():  # (a real node's rank reaches the store on this machine's)\n",
+        "    with contextlib.nullcontext():\n",
+        (f"{T_REAL}::test_node_addresses_reach_across_the_bridge_and_loopback_stays_on_the_node",),
+    ),
+    Mutant(
+        "loader-workers-fork-where-a-fork-can-deadlock", "a rank's loader workers cannot deadlock at their fork",
+        DATA, '        return "forkserver"\n', "        return None\n",
+        ("tests/unit/test_worker_start.py::test_on_such_a_python_workers_are_not_forked_from_the_rank",
+         "tests/unit/test_worker_start.py::test_auto_starts_workers_from_a_forkserver_only_where_a_fork_can_deadlock"),
+    ),
+    Mutant(
+        "unpicklable-dataset-fails-under-auto", "a rank's loader workers cannot deadlock at their fork",
+        DATA, '            self.multiprocessing_context = "fork"\n', "            raise\n",
+        ("tests/unit/test_worker_start.py::test_a_dataset_that_does_not_pickle_still_loads_through_forked_workers_with_a_warning",),
+    ),
+    Mutant(
+        "fork-deadlock-fixed-earlier-than-it-was", "a rank's loader workers cannot deadlock at their fork",
+        DATA, "_FORK_DEADLOCK_FIXED_IN = {(3, 10): 15, (3, 11): 10}", "_FORK_DEADLOCK_FIXED_IN = {(3, 10): 15, (3, 11): 7}",
+        ("tests/unit/test_worker_start.py::test_the_pythons_whose_forked_children_can_deadlock",),
+    ),
+    Mutant(
+        "node-kill-takes-one-rank", "a node killed or cut in the harness is named",
+        FAULTS, "            out += [Fault(\"kill\", r, fault.at, label) for r in ranks]",
+        "            out.append(Fault(\"kill\", ranks[0], fault.at, label))",
+        (f"{T_NODES}::test_a_node_killed_at_a_collective_is_reported_as_lost_with_its_ranks",),
+    ),
+    Mutant(
+        "lost-node-not-in-the-headline", "a node killed or cut in the harness is named",
+        POOL, "            headline = self._lost_nodes(replies) + headline\n", "",
+        (f"{T_NODES}::test_a_node_killed_at_a_collective_is_reported_as_lost_with_its_ranks",),
+    ),
+    Mutant(
+        "node-cut-leaves-the-link-up", "a node killed or cut in the harness is named",
+        FAULTS, '        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, capture_output=True)\n',
+        "        pass\n",
+        (f"{T_REAL}::test_a_node_s_link_cut_at_a_collective_is_a_hang_reported_with_the_cut_named",),
     ),
 )

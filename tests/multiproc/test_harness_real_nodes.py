@@ -1,0 +1,116 @@
+"""The harness's real nodes: ``@pytest.mark.nodes(2, real=True)`` and ``spawn(...,
+real_nodes=True)`` run each node's ranks in a network namespace of a ``Cluster``.
+
+A user's code that reads the host name (in C too), resolves the nodes' names, binds its node's
+address or keys files by host must see two machines; gloo's traffic must cross the bridge (a
+cut link stops it, and the harness reports the hang by rank); the next test gets a sound pool.
+Skipped, with the reason, where no namespace can be made (not root).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from refddp.testing import RankFailure, RankTimeout, faults
+from refddp.testing import cluster as cluster_module
+
+pytestmark = pytest.mark.skipif(
+    cluster_module.unavailable() is not None, reason=str(cluster_module.unavailable())
+)
+NODE0, NODE1 = ("node0", "10.213.0.1"), ("node1", "10.213.0.2")  # cluster.py's addresses
+
+
+def gathered(value: object) -> list:
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+@pytest.mark.multiproc
+@pytest.mark.world_size(4)
+@pytest.mark.nodes(2, real=True)
+def test_each_node_s_ranks_see_their_node_s_host_name_address_and_directory(dist_ctx):
+    host = socket.gethostname()
+    # os.uname() is the kernel's answer (a UTS namespace), not a patched Python function.
+    seen = gathered((host, os.uname().nodename, socket.gethostbyname(host), dist_ctx.node_rank))
+    assert seen == [(NODE0[0], *NODE0, 0)] * 2 + [(NODE1[0], *NODE1, 1)] * 2
+    assert socket.gethostbyname("node1" if dist_ctx.node_rank == 0 else "node0") in (
+        NODE0[1], NODE1[1]
+    )
+    # A node's directory is its ranks' own.
+    (dist_ctx.node_tmp_path / f"rank{dist_ctx.rank}").write_text(host)
+    dist.barrier()
+    assert sorted(p.name for p in dist_ctx.node_tmp_path.iterdir()) == [
+        f"rank{r}" for r in (0, 1) if dist_ctx.node_rank == 0
+    ] + [f"rank{r}" for r in (2, 3) if dist_ctx.node_rank == 1]
+
+
+@pytest.mark.multiproc
+@pytest.mark.world_size(4)
+@pytest.mark.nodes(2, real=True)
+def test_node_addresses_reach_across_the_bridge_and_loopback_stays_on_the_node(dist_ctx):
+    # Rank 0 listens on its node's address and on its node's loopback; rank 2, on the other
+    # node, reaches the first, and its own loopback has no such listener.
+    port = None
+    if dist_ctx.rank == 0:
+        on_node, on_loopback = socket.create_server((NODE0[1], 0)), socket.create_server(
+            ("127.0.0.1", 0)
+        )
+        port = (on_node.getsockname()[1], on_loopback.getsockname()[1])
+    ports = gathered(port)[0]
+    reached = None
+    if dist_ctx.rank == 2:
+        with socket.create_connection((NODE0[0], ports[0]), timeout=10):
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", ports[1]), timeout=10)
+        reached = True
+    if dist_ctx.rank == 0:
+        on_node.settimeout(10)
+        on_node.accept()[0].close()
+        reached = True
+    dist.barrier()
+    assert reached or dist_ctx.rank in (1, 3)
+
+
+def _all_reduces() -> float:
+    x = torch.ones(1 << 16)
+    for _ in range(3):
+        dist.all_reduce(x)
+    return float(x[0])
+
+
+def test_a_node_s_link_cut_at_a_collective_is_a_hang_reported_with_the_cut_named(spawn):
+    # Gloo's traffic crosses the bridge: with node 1's link down, collective #2 never ends.
+    with pytest.raises(RankTimeout) as caught:
+        spawn(_all_reduces, world_size=4, nnodes=2, real_nodes=True, timeout=4,
+              faults=[faults.cut_node(1, at=2)])  # fmt: skip
+    report = str(caught.value)
+    assert report.startswith("rank(s) [0-3] did not finish within 4 s"), report
+    assert "injected: cut rank 2 at collective #2 all_reduce" in report and "(node 1)" in report
+    # The next test gets a sound pool, on a new cluster whose links are up.
+    assert spawn(_all_reduces, world_size=4, nnodes=2, real_nodes=True) == [64.0] * 4
+
+
+def test_a_node_killed_on_real_nodes_is_reported_as_lost(spawn):
+    with pytest.raises(RankFailure) as caught:
+        spawn(_all_reduces, world_size=4, nnodes=2, real_nodes=True,
+              faults=[faults.kill_node(0, at=1)])  # fmt: skip
+    assert str(caught.value).startswith("node 0 lost (ranks [0, 1] died)"), str(caught.value)
+
+
+def test_real_nodes_need_a_node_count(pytester):
+    pytester.makepyfile(
+        """
+        def test_it(spawn):
+            spawn(print, world_size=2, real_nodes=True)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*real nodes need a node count*"])
