@@ -196,8 +196,9 @@ class TrainConfig:
         "auto",
         "how loader workers start: fork, forkserver (each a fork of a clean process: the "
         "dataset must pickle) or spawn; auto: forkserver on Pythons where a forked worker of "
-        "a rank can deadlock (3.10 before 3.10.15, 3.11 before 3.11.10: CPython gh-112275), "
-        "else fork",
+        "a rank can deadlock (3.10 before 3.10.15, 3.11 before 3.11.10: CPython gh-112275; "
+        "fork, warned, if the workers cannot start from it), else the platform's default "
+        "(fork on Linux before Python 3.14)",
         ("auto", "fork", "forkserver", "spawn"),
         resume=APPLIED,
     )

@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -270,43 +269,56 @@ def fork_can_deadlock(version: tuple = tuple(sys.version_info[:3])) -> bool:
     return fixed_in is not None and version[2] < fixed_in
 
 
+_fork_instead: str | None = None  # why this process's auto loaders fork after all, once known
+_preload_set = False
+
+
 def worker_start_method(c: TrainConfig) -> str | None:
-    """How this run's loader workers start (None: no workers, or the platform's default).
+    """How this run's loader workers start (None: no workers, or the platform's default: fork
+    on Linux before Python 3.14, forkserver from 3.14).
 
     ``auto`` is forkserver where ``fork_can_deadlock``: workers fork from a process with no
-    other thread, so none can hold the lock. It costs one clean process per rank (it imports
-    the rank's main module once) and needs a dataset that pickles; ``LoaderFallback`` forks
-    when it does not, with a warning.
+    other thread, so none can hold the lock. It costs one clean process per rank, which
+    imports the rank's main module, torch and this module once; the dataset must pickle (its
+    tensors then move to shared memory, /dev/shm, once per rank). Where it does not,
+    ``LoaderFallback`` forks, warned once, and so does every later loader of the process.
     """
+    global _preload_set
     if not c.num_workers:
         return None
     if c.worker_start != "auto":
         return c.worker_start
-    if sys.platform.startswith("linux") and fork_can_deadlock():
-        # What every worker needs, imported once by the server rather than by each worker.
-        multiprocessing.set_forkserver_preload(["torch", "refddp.data"])
-        return "forkserver"
-    return None
+    if not (sys.platform.startswith("linux") and fork_can_deadlock()):
+        return None
+    if _fork_instead is not None:
+        return "fork"
+    if not _preload_set:  # (before the server starts, which the first loader's workers do)
+        multiprocessing.set_forkserver_preload(["__main__", "torch", "refddp.data"])
+        _preload_set = True
+    return "forkserver"
 
 
 class LoaderFallback(DataLoader):
-    """A DataLoader whose workers fork after all, warned once, when ``auto`` chose forkserver
-    and the dataset does not pickle (a lambda or a local class in it): the run works as it did
-    before, with the deadlock risk named."""
+    """A DataLoader whose workers fork after all when ``auto`` chose forkserver and they could
+    not start from it: a dataset that does not pickle (a lambda, a class defined in
+    ``__main__``), holds too many tensors to pass (one descriptor each, 252 at most) or does
+    not fit in /dev/shm. The run then works as it did with fork; the warning names the risk."""
 
     def __iter__(self) -> Any:
+        global _fork_instead
         try:
-            with warnings.catch_warnings():  # torch's own advice on it: ours follows
-                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
-                return super().__iter__()
-        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
-            if self.multiprocessing_context is None or "pickle" not in str(exc):
+            return super().__iter__()
+        except Exception as exc:  # noqa: BLE001 - an error of the data itself recurs under fork
+            if self.multiprocessing_context is None or _fork_instead is not None:
                 raise
+            _fork_instead = f"{type(exc).__name__}: {exc}"
+            fixed = _FORK_DEADLOCK_FIXED_IN.get(sys.version_info[:2])
+            log.warning("loader workers fork: they could not start from a forkserver (%s); on "
+                        "Python %s a forked worker can deadlock (CPython gh-112275): use Python "
+                        "%d.%d.%s+ or 3.12+, or a dataset that pickles", _fork_instead,
+                        ".".join(map(str, sys.version_info[:3])), *sys.version_info[:2],
+                        fixed)  # fmt: skip
             self.multiprocessing_context = "fork"
-            log.warning("loader workers fork: the dataset does not pickle (%s); on Python %s "
-                        "a forked worker can deadlock (CPython gh-112275): use Python 3.11.10+ "
-                        "or 3.12+, or a dataset that pickles", exc,
-                        ".".join(map(str, sys.version_info[:3])))  # fmt: skip
             return super().__iter__()
 
 

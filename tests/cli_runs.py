@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -59,30 +60,45 @@ def _process_tree(root: int) -> list[int]:
 
 
 def stop_hung(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """Make every process under ``procs`` write its stacks (SIGABRT), then kill what is left."""
+    """Make every process under ``procs`` write its stacks (SIGABRT, no core dump), then kill
+    what is left: the tree as it is then (a process started during the grace included) and,
+    for a run started in a session of its own, its whole process group."""
     tree = [pid for proc in procs for pid in _process_tree(proc.pid)]
     for pid in tree:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(OSError):
+            resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
             os.kill(pid, signal.SIGABRT)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
         time.sleep(0.1)
-    for pid in tree:
+    for pid in {*tree, *(pid for proc in procs for pid in _process_tree(proc.pid))}:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            if os.getpgid(proc.pid) == proc.pid:  # its own group (it may be gone already)
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 240):
     """Run to completion from the repo root (so ``tests.user_code`` imports); output captured.
 
-    A run still going after ``timeout`` raises ``RunHung`` with every process's stacks."""
-    proc = start(cmd, env)
+    A run still going after ``timeout`` raises ``RunHung`` with every process's stacks; an
+    interrupted one (Ctrl-C) leaves nothing running."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(env), start_new_session=True)  # fmt: skip
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_hung([proc])
-        stdout, stderr = proc.communicate(timeout=30)  # (its tree is gone: the pipes close)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)  # (its tree is gone: the pipes close)
+        except subprocess.TimeoutExpired:  # a process outside its tree holds them
+            stdout, stderr = "", "(its output could not be read: a process it left holds it)"
         raise RunHung(cmd, timeout, stdout, stderr) from None
+    except BaseException:
+        stop_hung([proc], grace_s=0)
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 

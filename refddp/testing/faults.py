@@ -45,7 +45,12 @@ class Fault(NamedTuple):
     def describe(self) -> str:
         if self.kind in NODE_FAULTS:
             return f"{self.kind} node {self.rank} at {self.where()}"
-        return f"{self.kind} rank {self.rank} at {self.where()}"
+        return f"{self.kind} rank {self.rank} at {self.where()}{_node_of(self)}"
+
+
+def _node_of(fault: Fault) -> str:
+    """`` (node 1)`` for the rank fault that acts out a node fault, else ``""``."""
+    return f" ({fault.value[0]})" if fault.kind in ("kill", "cut") and fault.value else ""
 
 
 def _fault(kind: str, rank: int, at: int | str, value: Any = None) -> Fault:
@@ -87,40 +92,62 @@ NODE_FAULTS = ("kill_node", "cut_node")
 
 
 def kill_node(node: int, at: int | str) -> Fault:
-    """Node ``node`` dies: each of its ranks is SIGKILLed inside collective ``at`` (needs
-    ``nnodes``); the report says ``node N lost``, with its ranks."""
+    """Node ``node`` dies as its first rank enters collective ``at``: every process of its ranks
+    (their children too) is SIGKILLed at once (needs ``nnodes``); the report says ``node N
+    lost``, with its ranks."""
     return _fault("kill_node", node, at)
 
 
 def cut_node(node: int, at: int | str) -> Fault:
-    """Node ``node``'s link goes down (its ``eth0``) as its first rank enters collective ``at``
-    (real nodes only: ``real_nodes=True``); every rank then waits in it until the deadline,
-    which reports the hang with the cut named."""
+    """Node ``node``'s cable is pulled (its switch port goes down: packets lost, no reset sent)
+    as the node's first rank enters collective ``at`` (real nodes only: ``real_nodes=True``);
+    every rank then waits in it until the deadline, which reports the hang with the cut named."""
     return _fault("cut_node", node, at)
 
 
-def expand(faults: tuple[Fault, ...], ranks_of_node: list[list[int]] | None,
-           real_nodes: bool) -> tuple[Fault, ...]:  # fmt: skip
-    """Node faults as the rank faults that act them out (labelled with their node); a ValueError
-    in one line where the pool has no such node."""
+def check_node_faults(faults: tuple[Fault, ...], nnodes: int | None, real_nodes: bool) -> None:
+    """A ValueError in one line for a node fault the pool cannot act out (before it starts)."""
+    for fault in faults:
+        if fault.kind not in NODE_FAULTS:
+            continue
+        if nnodes is None or fault.rank >= nnodes:
+            have = f"{nnodes} node(s)" if nnodes else "no nodes (nnodes=None)"
+            raise ValueError(f"faults.{fault.kind}: no node {fault.rank}: the pool has {have}")
+        if fault.kind == "cut_node" and not real_nodes:
+            raise ValueError("faults.cut_node needs real nodes (real_nodes=True): a simulated "
+                             "node has no link of its own")  # fmt: skip
+
+
+def expand(faults: tuple[Fault, ...], ranks_of_node: list[list[int]] | None, pids: list[int],
+           cut_command: Callable[[int], list[str] | None]) -> tuple[Fault, ...]:  # fmt: skip
+    """Node faults as the one rank fault that acts each out, on the node's first rank, labelled
+    with its node: a kill that takes every process of the node's ranks (all at once, as a
+    machine dies: no node-mate gets to fail on its own first), or a cut (``cut_command``)."""
+    check_node_faults(faults, len(ranks_of_node) if ranks_of_node else None,
+                      any(cut_command(k) for k in range(len(ranks_of_node or []))))  # fmt: skip
     out: list[Fault] = []
     for fault in faults:
         if fault.kind not in NODE_FAULTS:
             out.append(fault)
             continue
-        if ranks_of_node is None or fault.rank >= len(ranks_of_node):
-            have = f"{len(ranks_of_node)} node(s)" if ranks_of_node else "no nodes (nnodes=None)"
-            raise ValueError(f"faults.{fault.kind}: no node {fault.rank}: the pool has {have}")
-        if fault.kind == "cut_node" and not real_nodes:
-            raise ValueError("faults.cut_node needs real nodes (real_nodes=True): a simulated "
-                             "node has no link of its own")  # fmt: skip
-        ranks = ranks_of_node[fault.rank]
+        ranks = (ranks_of_node or [])[fault.rank]
         label = f"node {fault.rank}"
         if fault.kind == "kill_node":
-            out += [Fault("kill", r, fault.at, label) for r in ranks]
+            out.append(Fault("kill", ranks[0], fault.at, (label, tuple(pids[r] for r in ranks))))
         else:
-            out.append(Fault("cut", ranks[0], fault.at, label))
+            out.append(Fault("cut", ranks[0], fault.at, (label, tuple(cut_command(fault.rank)))))
     return tuple(out)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL ``pid``'s process group (a rank and what it started), or just ``pid``."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 # -- rank side ---------------------------------------------------------------------------------
@@ -157,13 +184,21 @@ def fire(fault: Fault, where: str, call: Callable[[], Any] | None = None) -> Any
     """Act out ``fault`` at ``where`` ("collective #3 all_reduce(...)"). ``call`` runs the
     collective itself: a delay lets it complete late; the other faults never run it, so no
     rank completes collective #k (a peer's result never depends on how far a dying rank got)."""
-    node = f" ({fault.value})" if fault.kind in ("kill", "cut") and fault.value else ""
+    node = _node_of(fault)
     with open(_record_path or os.devnull, "a") as record:
         record.write(f"{fault.kind} rank {fault.rank} at {where}{node}\n")
     sys.stdout.flush()
     sys.stderr.flush()
-    if fault.kind == "cut":  # the node's cable pulled (this rank runs in its namespace, as root)
-        subprocess.run(["ip", "link", "set", "eth0", "down"], check=True, capture_output=True)
+    if fault.kind == "cut":  # the node's cable pulled: its switch port down (root, as the pool)
+        done = subprocess.run(list(fault.value[1]), capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"faults.cut_node: {' '.join(fault.value[1])}: "
+                               f"{done.stderr.strip() or done.returncode}")  # fmt: skip
+    if fault.kind == "kill" and node:  # the whole node: its other ranks first, then this one
+        for pid in fault.value[1]:
+            if pid != os.getpid():
+                _kill_group(pid)
+        _kill_group(os.getpid())
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if fault.kind == "error":

@@ -93,7 +93,7 @@ def real_node_environment(namespace: str, hostname: str, hosts_file: str) -> dic
 
 NETNS_ENV, HOSTS_ENV = "REFDDP_NODE_NETNS", "REFDDP_NODE_HOSTS"
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_MS_BIND, _MS_REC, _MS_SLAVE = 4096, 16384, 1 << 19
 _host_network: int | None = None  # this machine's network namespace, on a real node's rank
 
 
@@ -119,9 +119,10 @@ def enter_real_node() -> None:
     _libc_call("unshare", _CLONE_NEWUTS | _CLONE_NEWNS)
     name = os.environ["REFDDP_NODE_HOSTNAME"].encode()
     _libc_call("sethostname", name, len(name))
-    # Mounts made here stay here (the machine's mounts are often shared), as `ip netns exec`
-    # does it: the node's hosts file over /etc/hosts, for this rank and what it starts.
-    _libc_call("mount", b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)
+    # Mounts made here stay here, and the machine's still come in (a namespace deleted there,
+    # another pool's, goes here too), as `ip netns exec` does it: the node's hosts file over
+    # /etc/hosts, for this rank and what it starts.
+    _libc_call("mount", b"none", b"/", None, _MS_REC | _MS_SLAVE, None)
     _libc_call("mount", os.environ[HOSTS_ENV].encode(), b"/etc/hosts", None, _MS_BIND, None)
     _libc_call("setns", node_network, _CLONE_NEWNET)
     os.close(node_network)
@@ -137,11 +138,13 @@ def host_network() -> Iterator[None]:
         yield
         return
     node_network = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    _libc_call("setns", _host_network, _CLONE_NEWNET)
     try:
-        yield
+        _libc_call("setns", _host_network, _CLONE_NEWNET)
+        try:
+            yield
+        finally:
+            _libc_call("setns", node_network, _CLONE_NEWNET)
     finally:
-        _libc_call("setns", node_network, _CLONE_NEWNET)
         os.close(node_network)
 
 

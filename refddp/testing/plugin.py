@@ -94,8 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "faults(*faults): inject refddp.testing.faults (kill, error, hang, exit, delay) into a "
-        "rank-side test",
+        "faults(*faults): inject refddp.testing.faults (kill, error, hang, exit, delay; "
+        "kill_node, cut_node) into a rank-side test",
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -111,23 +112,33 @@ class RankPool:
         nnodes: int | None = None,
         real_nodes: bool = False,
     ):
-        from refddp.dist import loopback_store
-
         self.nodes = node_layout.layout(world_size, nnodes)
-        self.cluster: Any = None  # with real_nodes: the cluster.Cluster its nodes are
-        if real_nodes:
-            if self.nodes is None:
-                raise ValueError("real_nodes needs nnodes: how many nodes to make")
-            from refddp.testing.cluster import Cluster
-
-            self.cluster = Cluster(self.nodes.nnodes)
+        if real_nodes and self.nodes is None:
+            raise ValueError("real_nodes needs nnodes: how many nodes to make")
         self.world_size, self.backend = world_size, backend
+        self.cluster: Any = None  # with real_nodes: the cluster.Cluster its nodes are
         self.workdir = tempfile.mkdtemp(prefix="refddp-pool-")
         self.files = PoolFiles(self.workdir, world_size, backend)
         self.sound = True
-        self._store = loopback_store()
+        self.measured = False
         self.procs: list[Any] = []  # subprocess.Popen or rank_server.RankProcess
         self.conns: list[Connection] = []
+        try:  # whatever stops the start (Ctrl-C included) stops what started: ranks, cluster
+            self._start(debug, devices, start_timeout_s, real_nodes)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, debug: bool, devices: tuple[str, ...], start_timeout_s: float,
+               real_nodes: bool) -> None:  # fmt: skip
+        from refddp.dist import loopback_store
+
+        if real_nodes:
+            from refddp.testing.cluster import Cluster
+
+            self.cluster = Cluster(self.nodes.nnodes)
+        world_size, backend = self.world_size, self.backend
+        self._store = loopback_store()
         server = rank_server.server()
         for rank in range(world_size):
             mine = node_layout.node_devices(self.nodes, devices, rank)
@@ -163,7 +174,6 @@ class RankPool:
         errors = {r: _failure_text(m) for r, m in replies.items() if not isinstance(m, Ready)}
         missing = set(range(world_size)) - set(replies)
         if errors or missing:
-            self.close()
             failures = {**errors, **{r: "did not start in time" for r in missing}}
             raise RankFailure(self.files.report("pool failed to start", failures, {}), failures)
 
@@ -203,7 +213,8 @@ class RankPool:
         ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default).
         """
         __tracebackhide__ = True
-        faults = fault_records.expand(faults, self._ranks_of_nodes(), self.cluster is not None)
+        faults = fault_records.expand(faults, self._ranks_of_nodes(), [p.pid for p in self.procs],
+                                      self._cut_command)  # fmt: skip
         for fault in faults:
             if fault.rank >= self.world_size:
                 raise ValueError(f"{fault.describe()}: no rank {fault.rank} in a world of "
@@ -255,13 +266,24 @@ class RankPool:
         ranks = range(self.world_size)
         return [[r for r in ranks if self.nodes.node_of(r) == k] for k in range(self.nodes.nnodes)]
 
-    def _lost_nodes(self, replies: dict[int, Reply]) -> str:
-        """``node 1 lost (ranks [2, 3] died); `` when every rank of a node died, else ``""``."""
+    def _cut_command(self, node: int) -> list[str] | None:
+        """The command that pulls node ``node``'s cable (its switch port down); None without
+        real nodes."""
+        if self.cluster is None:
+            return None
+        return ["ip", "-n", self.cluster.switch, "link", "set", f"port{node}", "down"]
+
+    def _lost_nodes(self, replies: dict[int, Reply], fired: dict[int, list[str]]) -> str:
+        """``node 1 lost (ranks [2, 3] died); `` for each node a ``kill_node`` fault took down,
+        else ``""``."""
+        killed = {int(m.group(1)) for lines in fired.values() for line in lines
+                  if line.startswith("kill ") and (m := _NODE_LABEL.search(line))}  # fmt: skip
         died = {r for r, m in replies.items() if isinstance(m, Died)}
-        lost = [k for k, ranks in enumerate(self._ranks_of_nodes() or []) if set(ranks) <= died]
+        of_node = self._ranks_of_nodes() or []
+        lost = sorted(k for k in killed if k < len(of_node) and set(of_node[k]) <= died)
         if not lost:
             return ""
-        ranks = [r for k in lost for r in (self._ranks_of_nodes() or [])[k]]
+        ranks = [r for k in lost for r in of_node[k]]
         nodes = ", ".join(map(str, lost))
         return f"node{'s' if len(lost) > 1 else ''} {nodes} lost (ranks {rank_list(ranks)} died); "
 
@@ -304,7 +326,7 @@ class RankPool:
                     details = blame(cause, replies, pending, acting, slots, "")[1] + details
             else:
                 headline = f"rank(s) {rank_list(failures)} failed"
-            headline = self._lost_nodes(replies) + headline
+            headline = self._lost_nodes(replies, fired) + headline
             error: RankFailure = RankFailure(
                 self.files.report(headline, failures, stacks, offsets, details),
                 failures,
@@ -444,9 +466,11 @@ class RankPool:
         self.procs, self.conns = [], []
         if self.cluster is not None:
             self.cluster.close()
+            self.cluster = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+_NODE_LABEL = re.compile(r"\(node (\d+)\)$")  # how a node fault's record line ends
 _said: set[str] = set()
 
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from refddp.testing import nodes as node_layout
 from refddp.testing import rank_server
-from refddp.testing.faults import Fault
+from refddp.testing.faults import Fault, check_node_faults
 from refddp.testing.pool import DEFAULT_TIMEOUT_S, RankPool, _PoolGone
 
 
@@ -60,6 +60,7 @@ def run_on_pool(
     """
     __tracebackhide__ = True
     node_layout.layout(key.world_size, key.nnodes)  # a bad layout fails before any pool starts
+    check_node_faults(tuple(options.get("faults", ())), key.nnodes, key.real_nodes)  # so do these
     try:
         return get_pool(key).run(fn, args, kwargs, timeout_s, **options)
     except _PoolGone:

@@ -244,7 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--collective-timeout", type=float, default=3600.0)
     args = parser.parse_args(argv)
 
-    nodes.enter_real_node()  # (first: while this process has one thread)
+    try:
+        nodes.enter_real_node()  # (first: while this process has one thread)
+        not_on_node = None
+    except Exception:  # noqa: BLE001 - the driver reports it, once it can be told
+        not_on_node = traceback.format_exc()
     cov = rank_coverage.start()
     if cov is not None:
         # SIGTERM (the driver's second way to stop a busy rank) saves this rank's data too.
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     nodes.take_node_hostname()
 
     conn = Connection(args.fd)
+    if not_on_node is not None:
+        conn.send(InitError(f"could not enter its node: {not_on_node}"))
+        _exit(cov, 1)
     try:
         ctx = _init_group(args)
     except BaseException:  # noqa: BLE001

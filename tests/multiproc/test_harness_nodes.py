@@ -112,3 +112,15 @@ def test_node_faults_need_a_node_and_a_cut_needs_real_nodes(spawn):
         spawn(_three_all_reduces, world_size=4, faults=[faults.kill_node(0, at=1)])
     with pytest.raises(ValueError, match="faults.cut_node needs real nodes"):
         spawn(_three_all_reduces, world_size=4, nnodes=2, faults=[faults.cut_node(1, at=1)])
+
+
+def test_real_nodes_need_a_node_count(pytester):
+    pytester.makepyfile(
+        """
+        def test_it(spawn):
+            spawn(print, world_size=2, real_nodes=True)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*real nodes need a node count*"])

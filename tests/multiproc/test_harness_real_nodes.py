@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, RankTimeout, faults
+from refddp.testing import RankFailure, RankTimeout, faults, warm_pools
 from refddp.testing import cluster as cluster_module
 
 pytestmark = pytest.mark.skipif(
@@ -39,9 +39,8 @@ def test_each_node_s_ranks_see_their_node_s_host_name_address_and_directory(dist
     # os.uname() is the kernel's answer (a UTS namespace), not a patched Python function.
     seen = gathered((host, os.uname().nodename, socket.gethostbyname(host), dist_ctx.node_rank))
     assert seen == [(NODE0[0], *NODE0, 0)] * 2 + [(NODE1[0], *NODE1, 1)] * 2
-    assert socket.gethostbyname("node1" if dist_ctx.node_rank == 0 else "node0") in (
-        NODE0[1], NODE1[1]
-    )
+    other = NODE1 if dist_ctx.node_rank == 0 else NODE0
+    assert socket.gethostbyname(other[0]) == other[1]
     # A node's directory is its ranks' own.
     (dist_ctx.node_tmp_path / f"rank{dist_ctx.rank}").write_text(host)
     dist.barrier()
@@ -104,13 +103,20 @@ def test_a_node_killed_on_real_nodes_is_reported_as_lost(spawn):
     assert str(caught.value).startswith("node 0 lost (ranks [0, 1] died)"), str(caught.value)
 
 
-def test_real_nodes_need_a_node_count(pytester):
-    pytester.makepyfile(
-        """
-        def test_it(spawn):
-            spawn(print, world_size=2, real_nodes=True)
-        """
-    )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*real nodes need a node count*"])
+def _mounts() -> str:
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
+def test_a_closed_pool_s_namespaces_are_gone_from_another_pool_s_ranks(spawn):
+    # Each rank has a mount namespace of its own, made while other pools' namespaces were
+    # mounted: a closed pool's must leave it too (the kernel detaches a mount whose mount point
+    # `ip netns del` unlinks), or those ranks would pin its namespaces alive.
+    spawn(_all_reduces, world_size=2, nnodes=2, real_nodes=True)
+    (first,) = [key for key in warm_pools._pools if key.real_nodes and key.world_size == 2]
+    names = warm_pools._pools[first].cluster.namespaces()
+    seen = spawn(_mounts, world_size=4, nnodes=2, real_nodes=True)  # made while the first lives
+    assert all(names[1] in mounts for mounts in seen)  # its namespaces are mounted here
+    warm_pools.close_pool(first)
+    for mounts in spawn(_mounts, world_size=4, nnodes=2, real_nodes=True):
+        assert not any(name in mounts for name in names), mounts
