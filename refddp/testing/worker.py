@@ -204,6 +204,11 @@ def _init_group(args: argparse.Namespace) -> RankContext:
             is_master=False,
             timeout=datetime.timedelta(seconds=args.init_timeout),
         )
+    if nodes.on_real_node():
+        # torch 2.5 logs init_process_group's arguments, and a TCPStore's repr formats its
+        # socket's addresses, which fails from inside the node's network (family 0); a
+        # PrefixStore's repr is plain.
+        store = dist.PrefixStore("real-nodes", store)
     detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
     if detail:
         # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
