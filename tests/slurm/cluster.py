@@ -3,7 +3,9 @@
 state, spool and logs in one temporary directory. Clients (srun, sbatch, scontrol, scancel)
 find it through ``SLURM_CONF``; nothing outside the directory is read or changed.
 
-The node is this host at 127.0.0.1. ``proctrack/linuxproc`` and ``task/none`` need no cgroups,
+The node is this host at 127.0.0.1, or, given a ``refddp.testing.cluster.Cluster``, each of
+its nodes (network namespaces with their own address and host name: SLURM across machines).
+``proctrack/linuxproc`` and ``task/none`` need no cgroups,
 and the cgroup.conf only keeps slurmd from mounting any (other settings make it fail to start
 in a container). Requeued jobs may start again once their credentials expire
 (``cred_expire``, 5 s here, 120 s by default) and the scheduler looks every second.
@@ -21,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -56,24 +59,34 @@ def _free_port() -> int:
 class Cluster:
     """A running cluster; ``stop`` ends every job and daemon it started."""
 
-    def __init__(self, root: Path):
-        self.root, self.host = root, socket.gethostname()
+    def __init__(self, root: Path, network: Any = None):
+        """``network``: a ``refddp.testing.cluster.Cluster`` whose nodes become the SLURM nodes
+        (slurmctld on node 0, a slurmd on each, clients run on node 0); else this host alone."""
+        self.root, self.network = root, network
+        self.host = "node0" if network is not None else socket.gethostname()
         self.conf = root / "slurm.conf"
         self.pids: list[int] = []
+
+    def _nodes(self) -> list[tuple[str, str]]:
+        """(name, address) of each SLURM node."""
+        if self.network is None:
+            return [(self.host, "127.0.0.1")]
+        return [(node.hostname, node.address) for node in self.network.nodes]
 
     # -- the daemons --------------------------------------------------------------------------
 
     def start(self) -> Cluster:
         root = self.root
-        for name in ("state", "spool"):
-            (root / name).mkdir(parents=True, exist_ok=True)
+        (root / "state").mkdir(parents=True, exist_ok=True)
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         socket_path = root / "munge.socket"
+        nodes = "\n".join(f"NodeName={name} NodeAddr={address} CPUs=4 State=UNKNOWN"
+                          for name, address in self._nodes())  # fmt: skip
         self.conf.write_text(f"""\
 ClusterName=refddp
-SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldHost={self.host}({self._nodes()[0][1]})
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 AuthType=auth/munge
@@ -82,11 +95,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -99,17 +112,20 @@ MpiDefault=none
 ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName={self.host} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
-PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={",".join(name for name, _ in self._nodes())} Default=YES MaxTime=INFINITE State=UP
 """)
         (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
         self._daemon("munged", "--force", f"--socket={socket_path}", f"--key-file={key}",
                      f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
                      f"--seed-file={root}/munged.seed")  # fmt: skip
-        self._daemon("slurmctld", "-i", "-f", str(self.conf))
-        self._daemon("slurmd", "-f", str(self.conf))
+        self._daemon("slurmctld", "-i", "-f", str(self.conf), on=0)
+        for k, (name, _) in enumerate(self._nodes()):
+            self._daemon("slurmd", "-N", name, "-f", str(self.conf), on=k, pid=f"slurmd-{name}")
         deadline = time.monotonic() + START_S
-        while "idle" not in self.client("sinfo", "-h", "-N", "-o", "%T", check=False).stdout:
+        while self.client("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.count(
+            "idle"
+        ) < len(self._nodes()):
             assert time.monotonic() < deadline, f"the node never came up:\n{self.logs()}"
             time.sleep(0.2)
         return self
@@ -121,12 +137,13 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
         jobs from 1 would hand two jobs one port."""
         return 1 + (os.getpid() % 1000) * 20
 
-    def _daemon(self, name: str, *args: str) -> None:
-        """Start a daemon (each forks into the background) and remember its pid."""
-        done = subprocess.run([_which(name), *args], capture_output=True, text=True,
-                              env=self.env(), timeout=60)  # fmt: skip
+    def _daemon(self, name: str, *args: str, on: int | None = None, pid: str = "") -> None:
+        """Start a daemon (each forks into the background), on network node ``on`` if there
+        is a network, and remember its pid (from ``pid``.pid, default the daemon's name)."""
+        done = subprocess.run(self._on(on, [_which(name) or name, *args]), capture_output=True,
+                              text=True, env=self.env(), timeout=60)  # fmt: skip
         assert done.returncode == 0, f"{name} did not start: {done.stderr}\n{self.logs()}"
-        pid_file = self.root / f"{name}.pid"
+        pid_file = self.root / f"{pid or name}.pid"
         deadline = time.monotonic() + START_S
         while not (pid_file.exists() and pid_file.read_text().strip()):
             assert time.monotonic() < deadline, f"{name} wrote no pid file:\n{self.logs()}"
@@ -146,14 +163,18 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
             _terminate(pid)
         self.pids.clear()
 
+    def _on(self, node: int | None, argv: list[str]) -> list[str]:
+        """``argv`` as run on network node ``node`` (as it is without a network)."""
+        return argv if self.network is None or node is None else self.network.command(node, argv)
+
     def logs(self) -> str:
         """The tail of every daemon's log, for failure messages."""
         tails = []
-        for name in ("slurmctld.log", "slurmd.log", "munged.log"):
-            path = self.root / name
+        for path in [self.root / "slurmctld.log", *sorted(self.root.glob("slurmd-*.log")),
+                     self.root / "munged.log"]:  # fmt: skip
             if path.exists():
                 lines = path.read_text(errors="replace").splitlines()[-15:]
-                tails.append(f"--- {name}\n" + "\n".join(lines))
+                tails.append(f"--- {path.name}\n" + "\n".join(lines))
         return "\n".join(tails)
 
     # -- clients ------------------------------------------------------------------------------
@@ -168,7 +189,7 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
     def client(self, *cmd: str, check: bool = True, timeout: float = JOB_S,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
         """Run a client command from the repository root (so ``tests.user_code`` imports)."""
-        done = subprocess.run([_which(cmd[0]) or cmd[0], *cmd[1:]], cwd=REPO,
+        done = subprocess.run(self._on(0, [_which(cmd[0]) or cmd[0], *cmd[1:]]), cwd=REPO,
                               capture_output=True, text=True, timeout=timeout,
                               env=env or self.env())  # fmt: skip
         if check:
