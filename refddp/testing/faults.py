@@ -119,12 +119,13 @@ def check_node_faults(faults: tuple[Fault, ...], nnodes: int | None, real_nodes:
 
 
 def expand(faults: tuple[Fault, ...], ranks_of_node: list[list[int]] | None, pids: list[int],
-           cut_command: Callable[[int], list[str] | None]) -> tuple[Fault, ...]:  # fmt: skip
+           cut_command: Callable[[int], list[str]] | None) -> tuple[Fault, ...]:  # fmt: skip
     """Node faults as the one rank fault that acts each out, on the node's first rank, labelled
     with its node: a kill that takes every process of the node's ranks (all at once, as a
-    machine dies: no node-mate gets to fail on its own first), or a cut (``cut_command``)."""
-    check_node_faults(faults, len(ranks_of_node) if ranks_of_node else None,
-                      any(cut_command(k) for k in range(len(ranks_of_node or []))))  # fmt: skip
+    machine dies: no node-mate gets to fail on its own first), or a cut (``cut_command``, on
+    real nodes only)."""
+    nnodes = len(ranks_of_node) if ranks_of_node else None
+    check_node_faults(faults, nnodes, cut_command is not None)
     out: list[Fault] = []
     for fault in faults:
         if fault.kind not in NODE_FAULTS:
@@ -135,6 +136,7 @@ def expand(faults: tuple[Fault, ...], ranks_of_node: list[list[int]] | None, pid
         if fault.kind == "kill_node":
             out.append(Fault("kill", ranks[0], fault.at, (label, tuple(pids[r] for r in ranks))))
         else:
+            assert cut_command is not None  # (checked above)
             out.append(Fault("cut", ranks[0], fault.at, (label, tuple(cut_command(fault.rank)))))
     return tuple(out)
 

@@ -40,6 +40,9 @@ class NodeLayout(NamedTuple):
     def local_rank_of(self, rank: int) -> int:
         return rank % self.local_world_size
 
+    def ranks_of(self, node: int) -> range:
+        return range(node * self.local_world_size, (node + 1) * self.local_world_size)
+
 
 def layout(world_size: int, nnodes: int | None) -> NodeLayout | None:
     """The layout, None without nodes; a ValueError in one line when ``nnodes`` cannot split
@@ -76,8 +79,8 @@ def node_devices(nodes: NodeLayout | None, devices: tuple[str, ...], rank: int) 
     """The GPUs rank ``rank`` sees: its node's share of the pool's (all of them without nodes)."""
     if nodes is None or not devices:
         return devices
-    first = nodes.node_of(rank) * nodes.local_world_size
-    return devices[first : first + nodes.local_world_size]
+    mine = nodes.ranks_of(nodes.node_of(rank))
+    return devices[mine.start : mine.stop]
 
 
 def real_node_environment(namespace: str, hostname: str, hosts_file: str) -> dict[str, str]:

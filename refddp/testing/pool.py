@@ -213,8 +213,9 @@ class RankPool:
         ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default).
         """
         __tracebackhide__ = True
+        cut = self._cut_command if self.cluster is not None else None
         faults = fault_records.expand(faults, self._ranks_of_nodes(), [p.pid for p in self.procs],
-                                      self._cut_command)  # fmt: skip
+                                      cut)  # fmt: skip
         for fault in faults:
             if fault.rank >= self.world_size:
                 raise ValueError(f"{fault.describe()}: no rank {fault.rank} in a world of "
@@ -263,14 +264,10 @@ class RankPool:
     def _ranks_of_nodes(self) -> list[list[int]] | None:
         if self.nodes is None:
             return None
-        ranks = range(self.world_size)
-        return [[r for r in ranks if self.nodes.node_of(r) == k] for k in range(self.nodes.nnodes)]
+        return [list(self.nodes.ranks_of(k)) for k in range(self.nodes.nnodes)]
 
-    def _cut_command(self, node: int) -> list[str] | None:
-        """The command that pulls node ``node``'s cable (its switch port down); None without
-        real nodes."""
-        if self.cluster is None:
-            return None
+    def _cut_command(self, node: int) -> list[str]:
+        """The command that pulls real node ``node``'s cable (its switch port down)."""
         return ["ip", "-n", self.cluster.switch, "link", "set", f"port{node}", "down"]
 
     def _lost_nodes(self, replies: dict[int, Reply], fired: dict[int, list[str]]) -> str:

@@ -73,7 +73,16 @@ def test_at_64_ranks_evaluation_sees_every_sample_once_with_ranks_that_have_none
         assert metrics["val_loss"] == pytest.approx(one["val_loss"], rel=1e-12)
 
 
-def scenario_at(spawn, tmp_path, world: int, timeout: float) -> None:
+LARGE = pytest.mark.skipif(not os.environ.get("REFDDP_LARGE_WORLDS"),
+                           reason="256 ranks take 4 minutes of both cores: make scale")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("world", "timeout"),
+    [(WORLD, TIMEOUT),
+     pytest.param(256, 900, marks=[pytest.mark.slow, pytest.mark.timeout(1800), LARGE])],
+)  # fmt: skip
+def test_a_signal_and_a_nonfinite_gradient_keep_the_ranks_in_step(spawn, tmp_path, world, timeout):
     """One trainer scenario at ``world`` ranks against one process: padded token sequences
     (the step agrees on the global target count), a NaN gradient behind a finite loss on the
     last rank at step 3, SIGUSR1 on a middle rank after step 2, a resume, uneven evaluation
@@ -98,18 +107,6 @@ def scenario_at(spawn, tmp_path, world: int, timeout: float) -> None:
     assert run[0]["step"] == steps and skipped + run[0]["skipped"] == 1
     for key, value in reference["weights"].items():
         torch.testing.assert_close(run[0]["weights"][key], value, rtol=1e-9, atol=1e-12, msg=key)
-
-
-def test_at_64_ranks_a_signal_and_a_nonfinite_gradient_keep_the_ranks_in_step(spawn, tmp_path):
-    scenario_at(spawn, tmp_path, WORLD, TIMEOUT)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.skipif(not os.environ.get("REFDDP_LARGE_WORLDS"),
-                    reason="256 ranks take 4 minutes of both cores: make scale")  # fmt: skip
-def test_at_256_ranks_a_signal_and_a_nonfinite_gradient_keep_the_ranks_in_step(spawn, tmp_path):
-    scenario_at(spawn, tmp_path, 256, 900)
 
 
 def test_at_64_ranks_a_failure_reads_as_its_cause_and_one_line_of_victims(spawn):
