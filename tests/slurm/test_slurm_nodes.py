@@ -1,7 +1,8 @@
 """SLURM across nodes (issue 40): slurmctld and one slurmd on each node of a
 ``refddp.testing.cluster.Cluster`` (network namespaces, each with its own address and host
-name), so ``srun -N 2`` places tasks on two machines whose ranks meet over the bridge.
-Skipped, with the reason, without SLURM or without root."""
+name), so ``srun -N 2`` places tasks on two machines whose ranks meet over the bridge, and the
+sbatch scripts of ``examples/slurm/`` run as written: two nodes, the time-limit signal, the
+requeue. Skipped, with the reason, without SLURM or without root."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from refddp.testing import cluster as network_module
 from refddp.testing.cluster import Cluster as Network
 from tests.cli_runs import run, train_command
+from tests.slurm import jobs
 from tests.slurm.cluster import Cluster, why_not
 
 pytestmark = [
@@ -55,3 +57,28 @@ def test_srun_on_two_nodes_trains_one_job_of_four_ranks_equal_to_one_node(two_no
     assert mine.keys() == theirs.keys()
     for key in mine:
         assert torch.equal(mine[key], theirs[key]), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The weights of the slowed job (``tests/slurm/jobs.py``) trained by ``--nproc 2``."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    done = run(train_command(out, "--nproc", 2, **jobs.FLAGS))
+    assert done.returncode == 0, done.stderr
+    return jobs.final_weights(out, 2)
+
+
+@pytest.mark.parametrize("script", ["train_srun.sbatch", "train_torchrun.sbatch"])
+def test_the_time_limit_signal_stops_both_nodes_and_the_requeued_job_resumes_on_both(
+    two_nodes, reference, tmp_path, script
+):
+    # One rank a node: bit-exact resume at 3+ ranks is DDP's to give (known-limitations.md).
+    out = tmp_path / "run"  # on both nodes: the shared disk the scripts ask for
+    ended, text = jobs.signal_mid_run(two_nodes, script, out, tmp_path / "job.log", nodes=2,
+                                      ranks_per_node=1)  # fmt: skip
+    assert (ended["JobState"], ended["Restarts"], ended["ExitCode"]) == ("COMPLETED", "1", "0:0"), (
+        text + two_nodes.logs()
+    )
+    assert ended["NodeList"] == "node[0-1]", ended  # the requeued start, too, on both nodes
+    jobs.assert_stopped_then_resumed(text, out, 2)
+    jobs.assert_identical(jobs.final_weights(out, 2), reference)
