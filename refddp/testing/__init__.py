@@ -8,7 +8,8 @@ Outside pytest::
     results = spawn_ranks(fn, 3, world_size=4)   # one result per rank, ordered by rank
     spawn_ranks(fn, world_size=4, nnodes=2, faults=[faults.kill(1, at=3)])
 
-``Cluster(n)`` makes n real nodes on one Linux machine (network namespaces; root) for tests of
+``Cluster(n)`` makes n real nodes on one Linux machine (network namespaces; root, or a user
+namespace of its own) for tests of
 multi-node jobs: ``refddp/testing/cluster.py``.
 """
 

@@ -10,12 +10,17 @@ can be cut and restored (its bridge port set down: the cable pulled) or rate-lim
 tbf``); a node can be made slow (its processes stopped and continued in turn: a machine with
 less CPU) or killed (every process in its namespace, SIGKILL).
 
-Creating namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); ``unavailable()`` says in
-one line why a cluster cannot be made here, for a test to skip on. Nothing outlives a cluster:
+Creating namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) or, for anyone else, a kernel
+that allows unprivileged user namespaces: then the cluster lives inside a user namespace of its
+own (``unshare --user --map-root-user``, where its maker is root and nobody else is), with its
+network namespaces listed only there (a private ``/run/netns``), its hosts files in a temporary
+directory, and commands on a node entered through ``nsenter``. ``unavailable()`` says in one
+line why no cluster can be made here, for a test to skip on. Nothing outlives a cluster:
 ``close()`` (also at the end of a ``with`` block) kills what runs on its nodes and deletes its
 namespaces (their interfaces with them) and hosts files; a reaper process does the same if the
-process that made the cluster dies first (a killed test run), and each new cluster first
-removes what a dead process left.
+process that made the cluster dies first (a killed test run), and each new cluster made as root
+first removes what a dead process left (one made without root leaves nothing in the machine's
+lists: its namespaces go with the user namespace's last process).
 
     with Cluster(2) as cluster:
         node = cluster.popen(1, ["python", "-m", "torch.distributed.run", ...])
@@ -32,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -50,30 +56,72 @@ class Node(NamedTuple):
     namespace: str
 
 
-@functools.cache
 def unavailable() -> str | None:
     """Why no cluster can be made here, in one line; None when one can (asked once)."""
+    return _how()[1] or None
+
+
+@functools.cache
+def _how() -> tuple[str, str]:
+    """How clusters are made here: ``("direct", "")`` (root with its capabilities: namespaces
+    in the machine's lists), ``("user", "")`` (anyone else, where the kernel allows it: inside
+    a user namespace of the cluster's own), or ``("", why not)``."""
     if not sys.platform.startswith("linux"):
-        return "a cluster of network namespaces needs Linux"
-    for tool in ("ip", "unshare", "tc"):
+        return "", "a cluster of network namespaces needs Linux"
+    for tool in ("ip", "unshare", "tc", "nsenter", "mount"):
         if shutil.which(tool) is None:
-            return f"a cluster needs the `{tool}` command (iproute2, util-linux)"
-    if os.geteuid() != 0:
-        return ("a cluster of network namespaces needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); "
-                "run the cluster tests as root, e.g. in CI's container")  # fmt: skip
-    probe = f"{PREFIX}{os.getpid()}-probe-switch"
-    made = _ip("netns", "add", probe, check=False)
-    _ip("netns", "del", probe, check=False)
-    if made.returncode:
-        return f"cannot make a network namespace here: {made.stderr.strip() or made.returncode}"
+            return "", f"a cluster needs the `{tool}` command (iproute2, util-linux)"
+    direct = "not root"
+    if os.geteuid() == 0:  # (root in a container may lack CAP_NET_ADMIN or CAP_SYS_ADMIN)
+        probe = f"{PREFIX}{os.getpid()}-probe-switch"
+        made = _ip("netns", "add", probe, check=False)
+        _ip("netns", "del", probe, check=False)
+        if not made.returncode:
+            return "direct", ""
+        direct = made.stderr.strip() or f"ip netns add: exit {made.returncode}"
+    made = subprocess.run(_holder_command("--probe"), capture_output=True, text=True)
+    if not made.returncode:
+        return "user", ""
+    said = (made.stderr.strip().splitlines() or [f"exit {made.returncode}"])[-1]
+    return "", (f"cannot make a network namespace here ({direct}) nor a user namespace to make "
+                f"one in ({said}); run the cluster tests as root, or where unprivileged user "
+                "namespaces are allowed")  # fmt: skip
+
+
+def unavailable_to_ranks() -> str | None:
+    """Why the harness's ranks cannot be put on real nodes here, or None: a rank joins its
+    node's namespaces itself, which takes root's capabilities (a cluster made inside a user
+    namespace is out of a rank's reach)."""
+    if unavailable():
+        return unavailable()
+    if _how()[0] != "direct":
+        return ("real nodes in the harness need root (a rank joins its node's namespaces); "
+                "without it, a Cluster runs whole commands on nodes")  # fmt: skip
     return None
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+def _ip(*args: str, check: bool = True, via: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """``ip ARGS``, run through ``via`` (a cluster's way into its user namespace, if it has one)."""
+    done = subprocess.run([*via, "ip", *args], capture_output=True, text=True)
     if check and done.returncode:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done
+
+
+def _holder_command(*args: str) -> list[str]:
+    """This module, run as the maker of a user namespace with a network and mount namespace of
+    its own (where its caller is root)."""
+    return ["unshare", "--user", "--map-root-user", "--net", "--mount", "--",
+            sys.executable, "-I", os.path.abspath(__file__), *args]  # fmt: skip
+
+
+def _private_netns_list() -> None:
+    """In a user namespace's own mount namespace: a ``/run/netns`` of its own for ``ip netns``
+    (the machine's is root's to write). Where the machine has none, a ``/run`` of its own."""
+    if not os.path.isdir("/run/netns"):
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"], check=True)
+        os.mkdir("/run/netns")
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/netns"], check=True)
 
 
 def _alive(pid: int) -> bool:
@@ -91,8 +139,8 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in listed if line.startswith(PREFIX)]
 
 
-def _pids_in(namespace: str) -> list[int]:
-    listed = _ip("netns", "pids", namespace, check=False).stdout.split()
+def _pids_in(namespace: str, via: Sequence[str] = ()) -> list[int]:
+    listed = _ip("netns", "pids", namespace, check=False, via=via).stdout.split()
     return [int(p) for p in listed if p.isdigit()]
 
 
@@ -104,24 +152,25 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
             pass
 
 
-def _kill_inside(namespace: str) -> None:
+def _kill_inside(namespace: str, via: Sequence[str] = ()) -> None:
     """SIGKILL every process in ``namespace``, again until none is left (one may have forked
     between the listing and the kill): deleting a namespace's name does not stop them."""
     for _ in range(50):
-        pids = _pids_in(namespace)
+        pids = _pids_in(namespace, via)
         if not pids:
             return
         _signal_all(pids, signal.SIGKILL)
         time.sleep(0.02)
 
 
-def remove(namespaces: Sequence[str]) -> None:
+def remove(namespaces: Sequence[str], via: Sequence[str] = ()) -> None:
     """Kill what runs in ``namespaces``, delete them and their hosts files (idempotent)."""
     for namespace in namespaces:
-        _kill_inside(namespace)
+        _kill_inside(namespace, via)
     for namespace in namespaces:
-        _ip("netns", "del", namespace, check=False)
-        shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+        _ip("netns", "del", namespace, check=False, via=via)
+        if not via:
+            shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
 
 
 def sweep() -> list[str]:
@@ -140,12 +189,18 @@ class Cluster:
         reason = unavailable()
         if reason:
             raise RuntimeError(reason)
-        sweep()
+        self.rootless = _how()[0] == "user"  # then in a user namespace of its own
+        self._via: list[str] = []  # the way into it, for `ip` and what runs on a node
+        self._hosts_dir = tempfile.mkdtemp(prefix="refddp-cluster-") if self.rootless else ""
+        if not self.rootless:
+            sweep()
         tag = f"{PREFIX}{os.getpid()}-{next(_made)}"
         self.switch = f"{tag}-switch"
         self.nodes = [Node(k, f"node{k}", f"{SUBNET}.{k + 1}", f"{tag}-node{k}")
                       for k in range(nnodes)]  # fmt: skip
         self._reaper: subprocess.Popen | None = None
+        # Without root: the process whose user namespace holds the cluster (its reaper too).
+        self.user_namespace_pid: int | None = None
         self._procs: list[subprocess.Popen] = []
         self._throttled: dict[int, tuple[threading.Event, threading.Thread]] = {}
         try:
@@ -158,71 +213,97 @@ class Cluster:
         names = [self.switch] + [n.namespace for n in self.nodes]
         # The reaper first: from here on, the namespaces go when this process does.
         # By path, isolated (-I) and from "/": it runs as root, so no module from the test's
-        # working directory may shadow anything it imports.
+        # working directory may shadow anything it imports. Without root it is also the
+        # maker of the cluster's user namespace, which lives as long as it does.
+        reap = ["--reap", str(os.getpid()), self._hosts_dir or "-", *names]
         self._reaper = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), "--reap", str(os.getpid()), *names],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, cwd="/",
+            _holder_command("--hold", *reap) if self.rootless
+            else [sys.executable, "-I", os.path.abspath(__file__), *reap],
+            stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.PIPE if self.rootless else subprocess.DEVNULL, cwd="/", text=True,
         )  # fmt: skip
-        _ip("netns", "add", self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        if self.rootless:
+            assert self._reaper.stdout is not None
+            said = self._reaper.stdout.readline().strip()
+            self._reaper.stdout.close()
+            if said != "ready":
+                raise RuntimeError(f"the cluster's user namespace could not be made: {said}")
+            self.user_namespace_pid = self._reaper.pid
+            self._via = ["nsenter", "-t", str(self._reaper.pid), "--user", "--mount", "--net",
+                         "--preserve-credentials", "--"]  # fmt: skip
+        self._ip("netns", "add", self.switch)
+        self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        self._ip("-n", self.switch, "link", "set", "br0", "up")
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
         for node in self.nodes:
-            _ip("netns", "add", node.namespace)
+            self._ip("netns", "add", node.namespace)
             port = f"port{node.index}"
-            _ip("link", "add", "eth0", "netns", node.namespace, "type", "veth",
-                "peer", "name", port, "netns", self.switch)  # fmt: skip
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
-            _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", "eth0")
-            _ip("-n", node.namespace, "link", "set", "eth0", "up")
-            _ip("-n", node.namespace, "link", "set", "lo", "up")
-            os.makedirs(f"/etc/netns/{node.namespace}", exist_ok=True)
+            self._ip("link", "add", "eth0", "netns", node.namespace, "type", "veth",
+                     "peer", "name", port, "netns", self.switch)  # fmt: skip
+            self._ip("-n", self.switch, "link", "set", port, "master", "br0")
+            self._ip("-n", self.switch, "link", "set", port, "up")
+            self._ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", "eth0")
+            self._ip("-n", node.namespace, "link", "set", "eth0", "up")
+            self._ip("-n", node.namespace, "link", "set", "lo", "up")
+            os.makedirs(os.path.dirname(self.hosts_file(node.index)), exist_ok=True)
             with open(self.hosts_file(node.index), "w") as f:
                 f.write(hosts)
 
+    def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return _ip(*args, check=check, via=self._via)
+
     # -- running things on a node -----------------------------------------------------------
 
-    def command(self, k: int, argv: Sequence[str], hostname: str | None = None) -> list[str]:
+    def command(self, k: int, argv: Sequence[str], hostname: str | None = None,
+                cwd: str | os.PathLike | None = None) -> list[str]:  # fmt: skip
         """``argv`` as run on node ``k``: in its namespace, under its host name (or
-        ``hostname``, to plant a misconfigured one)."""
+        ``hostname``, to plant a misconfigured one), with the node's hosts file as /etc/hosts
+        (``ip netns exec`` mounts it as root; without root the command mounts it itself).
+        ``cwd``: where it runs without root (entering a user namespace's mounts starts at /;
+        default: here)."""
         node = self.nodes[k]
-        return ["ip", "netns", "exec", node.namespace, "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', hostname or node.hostname, *argv]  # fmt: skip
+        name = hostname or node.hostname
+        if not self.rootless:
+            return ["ip", "netns", "exec", node.namespace, "unshare", "--uts", "--", "sh", "-c",
+                    'hostname "$0" && exec "$@"', name, *argv]  # fmt: skip
+        where = os.path.abspath(cwd if cwd is not None else os.getcwd())
+        return [*self._via[:-1], f"--wd={where}", "--", "ip", "netns", "exec", node.namespace,
+                "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"',
+                name, self.hosts_file(k), *argv]  # fmt: skip
 
     def popen(self, k: int, argv: Sequence[str], hostname: str | None = None,
               **kwargs: Any) -> subprocess.Popen:  # fmt: skip
         """Start ``argv`` on node ``k`` (``subprocess.Popen``'s keywords apply); it is killed
         with the node or the cluster."""
-        proc = subprocess.Popen(self.command(k, argv, hostname), **kwargs)
+        proc = subprocess.Popen(self.command(k, argv, hostname, kwargs.get("cwd")), **kwargs)
         self._procs.append(proc)
         return proc
 
     def run(self, k: int, argv: Sequence[str], timeout: float = 60, **kwargs: Any):
         """Run ``argv`` on node ``k`` to completion, output captured as text."""
-        return subprocess.run(self.command(k, argv), capture_output=True, text=True,
-                              timeout=timeout, **kwargs)  # fmt: skip
+        return subprocess.run(self.command(k, argv, cwd=kwargs.get("cwd")), capture_output=True,
+                              text=True, timeout=timeout, **kwargs)  # fmt: skip
 
     # -- faults ------------------------------------------------------------------------------
 
     def kill(self, k: int) -> None:
         """Node ``k`` dies: every process in its namespace is SIGKILLed."""
-        _kill_inside(self.nodes[k].namespace)
+        _kill_inside(self.nodes[k].namespace, self._via)
 
     def cut(self, k: int) -> None:
         """Pull node ``k``'s cable: its bridge port goes down; packets are lost, no reset sent."""
-        _ip("-n", self.switch, "link", "set", f"port{k}", "down")
+        self._ip("-n", self.switch, "link", "set", f"port{k}", "down")
 
     def restore(self, k: int) -> None:
-        _ip("-n", self.switch, "link", "set", f"port{k}", "up")
+        self._ip("-n", self.switch, "link", "set", f"port{k}", "up")
 
     def slow(self, k: int, rate: str = "1mbit") -> None:
         """Limit node ``k``'s link to ``rate`` both ways (``tc tbf``)."""
         for namespace, dev in ((self.switch, f"port{k}"), (self.nodes[k].namespace, "eth0")):
-            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", dev,
-                            "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"],
-                           check=True, capture_output=True)  # fmt: skip
+            subprocess.run([*self._via, "ip", "netns", "exec", namespace, "tc", "qdisc",
+                            "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
+                            "latency", "400ms"], check=True, capture_output=True)  # fmt: skip
 
     def throttle(self, k: int, share: float = 0.5, period_s: float = 0.02) -> None:
         """Node ``k`` runs ``share`` of the time, until ``unthrottle(k)``: every ``period_s``
@@ -241,14 +322,14 @@ class Cluster:
                 while not done.is_set():
                     if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
                         listed = time.monotonic()
-                        pids = _pids_in(self.nodes[k].namespace)
+                        pids = _pids_in(self.nodes[k].namespace, self._via)
                     _signal_all(pids, signal.SIGSTOP)
                     time.sleep(period_s * (1 - share))
                     _signal_all(pids, signal.SIGCONT)
                     done.wait(period_s * share)
             finally:  # never left stopped, whatever ended the loop
                 _signal_all(pids, signal.SIGCONT)
-                _signal_all(_pids_in(self.nodes[k].namespace), signal.SIGCONT)
+                _signal_all(_pids_in(self.nodes[k].namespace, self._via), signal.SIGCONT)
 
         thread = threading.Thread(target=duty_cycle, name=f"throttle-node{k}", daemon=True)
         thread.start()
@@ -265,6 +346,8 @@ class Cluster:
 
     def hosts_file(self, k: int) -> str:
         """Node ``k``'s ``/etc/hosts`` (every node named), to plant a bad entry in."""
+        if self.rootless:
+            return os.path.join(self._hosts_dir, self.nodes[k].namespace, "hosts")
         return f"/etc/netns/{self.nodes[k].namespace}/hosts"
 
     def namespaces(self) -> list[str]:
@@ -277,7 +360,8 @@ class Cluster:
         for proc in self._procs:
             if proc.poll() is None:
                 proc.kill()
-        remove([n.namespace for n in self.nodes] + [self.switch])
+        if self._reaper is not None:  # (without root, the namespaces' only way in)
+            remove([n.namespace for n in self.nodes] + [self.switch], self._via)
         for proc in self._procs:
             try:
                 proc.wait(timeout=5)
@@ -287,6 +371,8 @@ class Cluster:
             self._reaper.kill()
             self._reaper.wait()
         self._reaper = None
+        if self._hosts_dir:
+            shutil.rmtree(self._hosts_dir, ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self
@@ -295,14 +381,47 @@ class Cluster:
         self.close()
 
 
-def _reap(owner: int, namespaces: list[str]) -> None:
-    """Wait for ``owner`` to die, then remove its cluster's namespaces."""
+def _reap(argv: list[str]) -> None:
+    """``OWNER HOSTS_DIR|- NAMESPACE...``: wait for ``owner`` to die, then remove its cluster's
+    namespaces (and, without root, the directory of its hosts files)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the test run
+    owner, hosts_dir, namespaces = int(argv[0]), argv[1], argv[2:]
     while _alive(owner):
         time.sleep(0.5)
     remove(namespaces)
+    if hosts_dir != "-":
+        shutil.rmtree(hosts_dir, ignore_errors=True)
+
+
+def _hold(argv: list[str]) -> None:
+    """The maker of a cluster's user namespace (run by ``_holder_command``): its own
+    ``/run/netns``, then "ready" to the cluster, then the reaper's wait."""
+    try:
+        _private_netns_list()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"cannot mount a private /run/netns: {exc}", flush=True)
+        sys.exit(1)
+    print("ready", flush=True)
+    os.close(1)
+    if argv[:1] == ["--reap"]:
+        _reap(argv[1:])
+
+
+def _probe() -> None:
+    """Whether a cluster can be made here without root (run by ``_holder_command``)."""
+    _private_netns_list()
+    probe = f"{PREFIX}probe"
+    _ip("netns", "add", probe)
+    _ip("link", "add", "probe0", "type", "veth", "peer", "name", "probe1", "netns", probe)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3 and sys.argv[1] == "--reap":
-        _reap(int(sys.argv[2]), sys.argv[3:])
+    if len(sys.argv) > 4 and sys.argv[1] == "--reap":
+        _reap(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--hold":
+        _hold(sys.argv[2:])
+    elif sys.argv[1:] == ["--probe"]:
+        try:
+            _probe()
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            sys.exit(str(exc))

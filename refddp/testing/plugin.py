@@ -249,13 +249,13 @@ def _run_on_ranks(
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
     if real_nodes:
-        from refddp.testing.cluster import unavailable
+        from refddp.testing.cluster import unavailable_to_ranks
 
         if nnodes is None:
             pytest.fail("real nodes need a node count: nodes(n, real=True) or nnodes=n",
                         pytrace=False)  # fmt: skip
-        if unavailable():
-            pytest.skip(f"real nodes: {unavailable()}")
+        if unavailable_to_ranks():
+            pytest.skip(f"real nodes: {unavailable_to_ranks()}")
     devices: tuple[str, ...] = ()
     under_xdist = "PYTEST_XDIST_WORKER" in os.environ
     if backend == "nccl":

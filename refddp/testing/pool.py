@@ -134,8 +134,10 @@ class RankPool:
         from refddp.dist import loopback_store
 
         if real_nodes:
-            from refddp.testing.cluster import Cluster
+            from refddp.testing.cluster import Cluster, unavailable_to_ranks
 
+            if unavailable_to_ranks():
+                raise RuntimeError(unavailable_to_ranks())
             self.cluster = Cluster(self.nodes.nnodes)
         world_size, backend = self.world_size, self.backend
         self._store = loopback_store()

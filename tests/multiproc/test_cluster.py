@@ -4,8 +4,9 @@ namespaces with their own interface, address and host name, joined by a bridge.
 Plain torchrun on each node, as users start multi-node jobs: the static way (``--master-addr``
 by host name, ``--node-rank``) and c10d rendezvous by host name; gloo finds its interface from
 the node's host name. A node killed mid-run and a link cut mid-run must end the job in bounded
-time, and the rerun must finish as if nothing happened. Skipped, with the reason, where no
-namespace can be made (not root).
+time, and the rerun must finish as if nothing happened. Made as root, or without root inside a
+user namespace (``test_cluster_unprivileged.py`` runs these tests so); skipped, with the
+reason, where neither can be made.
 """
 
 from __future__ import annotations
@@ -95,13 +96,25 @@ def one_node_of_four(tmp_path_factory):
     return on_one_node(tmp_path_factory.mktemp("one-node") / "run", 4)
 
 
+def listed() -> str:
+    """The machine's list of network namespaces."""
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
 def test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster():
     with Cluster(2) as cluster:
-        made = cluster.namespaces()
+        made, holder = cluster.namespaces(), cluster.user_namespace_pid
+        hosts_files = [cluster.hosts_file(k) for k in range(2)]
         for k in range(2):
-            seen = cluster.run(k, ["sh", "-c", "hostname; getent hosts node0 node1"]).stdout
+            seen = cluster.run(k, ["sh", "-c", "hostname; getent hosts node0 node1; pwd"],
+                               cwd=REPO).stdout  # fmt: skip
             assert seen.splitlines()[0] == f"node{k}"
             assert "10.213.0.1" in seen and "10.213.0.2" in seen, seen
+            assert seen.splitlines()[-1] == str(REPO), "a command on a node runs where asked"
         server = cluster.popen(1, [sys.executable, "-c", "import socket; s = socket.socket(); "
                                    "s.bind(('node1', 7000)); s.listen(); s.accept()"])  # fmt: skip
         reach = [sys.executable, "-c", "import socket, time\nfor _ in range(50):\n  try:\n"
@@ -113,31 +126,37 @@ def test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluste
         cut = [sys.executable, "-c", "import socket; socket.create_connection(('node1', 7000), "
                "timeout=1)"]  # fmt: skip
         assert "timed out" in cluster.run(0, cut).stderr, "a cut link loses packets"
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not any(name in listed for name in made)
-    assert not any(os.path.exists(f"/etc/netns/{name}") for name in made)
+    assert not any(name in listed() for name in made)
+    assert not any(os.path.exists(path) for path in hosts_files)
+    # Without root, the namespaces live as long as the process holding their user namespace.
+    assert holder is None or not alive(holder), "the user namespace outlived its cluster"
 
 
 def test_a_killed_test_run_leaves_no_namespace_behind():
     owner = subprocess.Popen(
-        [sys.executable, "-c", "from refddp.testing.cluster import Cluster; import time; "
-         "c = Cluster(2); print(' '.join(c.namespaces()), flush=True); time.sleep(60)"],
+        [sys.executable, "-c", "from refddp.testing.cluster import Cluster; import json, time; "
+         "c = Cluster(2); print(json.dumps([c.user_namespace_pid or 0, c.namespaces(), "
+         "[c.hosts_file(k) for k in range(2)]]), flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
-    made = owner.stdout.readline().split()
-    assert len(made) == 3
+    holder, made, hosts_files = json.loads(owner.stdout.readline())
+    assert len(made) == 3 and all(os.path.exists(path) for path in hosts_files)
     owner.kill()
     owner.wait()
+
+    def gone() -> bool:
+        left = [name for name in made if name in listed()]
+        left += [path for path in hosts_files if os.path.exists(path)]
+        return not left and not (holder and alive(holder))
+
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        if not any(name in listed for name in made):
-            break
+    while not gone() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(name in listed for name in made), "the reaper removes a dead run's cluster"
-    assert not any(os.path.exists(f"/etc/netns/{name}") for name in made)
+    assert gone(), "the reaper removes a dead run's cluster: namespaces, hosts files, holder"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="made without root, a cluster leaves nothing in "
+                    "the machine's lists")  # fmt: skip
 def test_a_new_cluster_removes_what_a_dead_process_left():
     # As a run killed before its reaper could act (the machine rebooted its container, say).
     dead = subprocess.Popen(["true"])

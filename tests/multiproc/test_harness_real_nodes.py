@@ -4,7 +4,7 @@ real_nodes=True)`` run each node's ranks in a network namespace of a ``Cluster``
 A user's code that reads the host name (in C too), resolves the nodes' names, binds its node's
 address or keys files by host must see two machines; gloo's traffic must cross the bridge (a
 cut link stops it, and the harness reports the hang by rank); the next test gets a sound pool.
-Skipped, with the reason, where no namespace can be made (not root).
+Skipped, with the reason, where a rank cannot join a node's namespaces (not root).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from refddp.testing import RankFailure, RankTimeout, faults, warm_pools
 from refddp.testing import cluster as cluster_module
 
 pytestmark = pytest.mark.skipif(
-    cluster_module.unavailable() is not None, reason=str(cluster_module.unavailable())
+    cluster_module.unavailable_to_ranks() is not None,
+    reason=str(cluster_module.unavailable_to_ranks()),
 )
 NODE0, NODE1 = ("node0", "10.213.0.1"), ("node1", "10.213.0.2")  # cluster.py's addresses
 

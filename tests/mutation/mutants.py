@@ -58,6 +58,7 @@ T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_
 WORKER, SERVER = "refddp/testing/worker.py", "refddp/testing/rank_server.py"
 PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
 T_REAL = "tests/multiproc/test_harness_real_nodes.py"
+T_UNPRIVILEGED = "tests/multiproc/test_cluster_unprivileged.py::test_the_cluster_tests_pass_for_a_user_without_root"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
 TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
 STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
@@ -1228,12 +1229,13 @@ MUTANTS = (
     ),
     Mutant(
         "cluster-outlives-its-test", "a cluster leaves nothing behind", CLUSTER,
-        "        remove([n.namespace for n in self.nodes] + [self.switch])\n", "",
+        "            remove([n.namespace for n in self.nodes] + [self.switch], self._via)\n",
+        "            pass\n",
         (f"{T_CLUSTER}::test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",),
     ),
     Mutant(
         "no-reaper-for-a-killed-run", "a cluster leaves nothing behind", CLUSTER,
-        "        _reap(int(sys.argv[2]), sys.argv[3:])", "        pass",
+        "        _reap(sys.argv[2:])", "        pass",
         (f"{T_CLUSTER}::test_a_killed_test_run_leaves_no_namespace_behind",),
     ),
     Mutant(
@@ -1430,5 +1432,31 @@ MUTANTS = (
         "is unlinked, as `ip netns del` does, so a closed pool's namespaces leave other pools' "
         "ranks with private propagation too; slave is kept because it is what `ip netns exec` "
         "does (mounts made on the machine later still reach the rank)",
+    ),
+    Mutant(
+        "no-cluster-without-root", "a cluster without root, in a user namespace",
+        CLUSTER, '        return "user", ""\n', '        return "", "not root"\n',
+        (T_UNPRIVILEGED,),
+    ),
+    Mutant(
+        "user-namespace-node-keeps-the-machines-hosts", "a cluster without root, in a user namespace",
+        CLUSTER, """'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'""",
+        """'hostname "$0" && shift && exec "$@"'""",
+        (T_UNPRIVILEGED,),
+    ),
+    Mutant(
+        "user-namespace-node-starts-at-root", "a cluster without root, in a user namespace",
+        CLUSTER, 'return [*self._via[:-1], f"--wd={where}", "--",', 'return [*self._via[:-1], "--",',
+        (T_UNPRIVILEGED,),
+    ),
+    Mutant(
+        "user-namespace-reaper-keeps-hosts-files", "a cluster without root, in a user namespace",
+        CLUSTER, "        shutil.rmtree(hosts_dir, ignore_errors=True)\n", "        pass\n",
+        (T_UNPRIVILEGED,),
+    ),
+    Mutant(
+        "harness-real-nodes-tried-without-root", "a cluster without root, in a user namespace",
+        CLUSTER, '    if _how()[0] != "direct":\n', "    if False:\n",
+        (T_UNPRIVILEGED,),
     ),
 )
