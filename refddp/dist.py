@@ -215,19 +215,26 @@ def init_distributed(
 def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store:
     """The rendezvous store for this restart attempt of a torchrun job.
 
-    torch 2.13's elastic agent keeps one TCPStore for every restart attempt, and
-    ``env://`` adds no per-attempt prefix, so restarted ranks read the previous attempt's gloo
-    addresses and hang connecting to dead peers. Namespacing by attempt avoids that.
+    By default torch 2.13's elastic agents share their own TCPStore with the ranks, one for
+    every restart attempt, and ``env://`` adds no per-attempt prefix, so restarted ranks would
+    read the previous attempt's gloo addresses and hang connecting to dead peers: keys are
+    namespaced by the attempt (the agents' restart count). With
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` each attempt's rank 0 hosts a new store on a new
+    port instead, and no prefix is taken: a node started again (a new agent) counts its
+    restarts from 0 while the surviving agents count on, and with prefixes their ranks would
+    look for each other in different namespaces.
     """
+    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world_size,
-        is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        and int(os.environ["RANK"]) == 0,
+        is_master=not agents and int(os.environ["RANK"]) == 0,
         timeout=timeout,
         multi_tenant=True,
     )
+    if not agents:
+        return store
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"refddp/attempt_{attempt}", store)
 

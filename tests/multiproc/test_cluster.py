@@ -36,10 +36,10 @@ def job_flags(tiny: dict, **more) -> dict:
 
 
 def torchrun(node_rank: int | None, out: Path, flags: dict, nproc: int = 2,
-             rendezvous: str = "static") -> list[str]:  # fmt: skip
+             rendezvous: str = "static", max_restarts: int = 0) -> list[str]:  # fmt: skip
     """The command each node runs, as trainer.md gives it."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                "--nproc-per-node", str(nproc)]  # fmt: skip
+                "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts)]  # fmt: skip
     if rendezvous == "static":
         launcher += ["--node-rank", str(node_rank), "--master-addr", "node0",
                      "--master-port", "29500"]  # fmt: skip
@@ -49,11 +49,15 @@ def torchrun(node_rank: int | None, out: Path, flags: dict, nproc: int = 2,
     return launcher + train_command(out, **flags)[1:]
 
 
-def start_nodes(cluster: Cluster, commands: list[list[str]], env: dict | None = None):
+def start_on(cluster: Cluster, k: int, command: list[str], env: dict | None = None):
+    """``command`` started on node ``k``, its output (both streams) captured."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return [cluster.popen(k, cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=environment, cwd=REPO)
-            for k, cmd in enumerate(commands)]  # fmt: skip
+    return cluster.popen(k, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=environment, cwd=REPO)  # fmt: skip
+
+
+def start_nodes(cluster: Cluster, commands: list[list[str]], env: dict | None = None):
+    return [start_on(cluster, k, command, env) for k, command in enumerate(commands)]
 
 
 def finish(nodes, timeout: float = 180) -> list[tuple[int, str]]:
@@ -209,6 +213,30 @@ def test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact(tm
         results = finish(start_nodes(cluster, commands))
     assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
     assert "resumed from" in results[0][1]
+    assert_same(weights(out), on_one_node(tmp_path / "one-node", 2))
+
+
+def test_a_killed_node_started_again_rejoins_under_max_restarts_and_the_job_ends_exact(
+    tmp_path, tiny
+):
+    # c10d rendezvous on node 0 (which survives) and --max-restarts 1: node 0's agent restarts
+    # its rank, node 1's new agent joins the next round, and the ranks resume from the last
+    # checkpoint. torch's agents share their rendezvous store with the ranks by default, and a
+    # surviving agent then never publishes the new round's MASTER_ADDR, which a new agent
+    # waits for: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node, as trainer.md says.
+    out = tmp_path / "shared"
+    env = {"REFDDP_TEST_SLOW_TRAIN": "0.1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    command = torchrun(None, out, job_flags(tiny), nproc=1, rendezvous="c10d", max_restarts=1)
+    with Cluster(2) as cluster:
+        nodes = start_nodes(cluster, [command, command], env)
+        until_first_checkpoint(out)
+        cluster.kill(1)
+        nodes[1].wait(timeout=10)
+        nodes[1] = start_on(cluster, 1, command, env)  # node 1 back, with a new agent
+        results = finish(nodes, timeout=120)
+    assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
+    log = results[0][1]
+    assert "lost the connection to node1" in log and "resumed from" in log, log[-3000:]
     assert_same(weights(out), on_one_node(tmp_path / "one-node", 2))
 
 

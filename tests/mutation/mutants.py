@@ -1459,4 +1459,14 @@ MUTANTS = (
         CLUSTER, '    if _how()[0] != "direct":\n', "    if False:\n",
         (T_UNPRIVILEGED,),
     ),
+    Mutant(
+        "rejoined-node-looks-for-another-attempt", "a node killed and started again rejoins",
+        DIST, "    if not agents:\n        return store\n", "",
+        (f"{T_CLUSTER}::test_a_killed_node_started_again_rejoins_under_max_restarts_and_the_job_ends_exact",),
+    ),
+    Mutant(
+        "restarted-ranks-read-the-last-attempt", "a node killed and started again rejoins",
+        DIST, '    return dist.PrefixStore(f"refddp/attempt_{attempt}", store)', "    return store",
+        ("tests/multiproc/test_faults.py::test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical",),
+    ),
 )
