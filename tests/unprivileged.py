@@ -69,5 +69,7 @@ def command(argv: list[str], workdir: Path) -> list[str]:
 
 
 def environment(home: Path) -> dict[str, str]:
-    """The environment for it: a home it may write, no bytecode written into the repository."""
-    return {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    """The environment for it: a home it may write, no bytecode written into the repository,
+    and nothing of this pytest-xdist worker's (a pytest it starts is a session of its own)."""
+    ours = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return {**ours, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
