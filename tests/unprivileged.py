@@ -49,16 +49,16 @@ def _closed_directories(paths: list[Path]) -> dict[Path, set[str]]:
     return closed
 
 
-def command(argv: list[str], workdir: Path) -> list[str]:
-    """``argv`` as run by ``nobody`` (see the module's docstring); ``workdir`` (made here, open
-    to all) holds the originals of the covered directories."""
+def command(argv: list[str], originals: Path) -> list[str]:
+    """``argv`` as run by ``nobody`` (see the module's docstring); ``originals``, a directory
+    of root's alone, holds the mount points of the covered directories' originals."""
     paths = [Path(sys.executable), Path(sys.prefix), Path(sys.base_prefix), REPO]
     lines = ["set -e"]
     for n, (directory, entries) in enumerate(sorted(_closed_directories(paths).items())):
-        keep = workdir / f"original-{n}"
+        keep = originals / f"original-{n}"
         keep.mkdir(exist_ok=True)
-        lines += [f"mount --bind {shlex.quote(str(directory))} {keep}",
-                  f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(directory))}"]  # fmt: skip
+        covered, kept = shlex.quote(str(directory)), shlex.quote(str(keep))
+        lines += [f"mount --bind {covered} {kept}", f"mount -t tmpfs -o mode=755 tmpfs {covered}"]
         for entry in sorted(entries):
             inside = shlex.quote(str(directory / entry))
             make = "mkdir" if (directory / entry).is_dir() else "touch"

@@ -33,6 +33,7 @@ import functools
 import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -88,6 +89,12 @@ def _how() -> tuple[str, str]:
                 "namespaces are allowed")  # fmt: skip
 
 
+def in_user_namespace() -> bool:
+    """Whether clusters here live in a user namespace of their own (no root's capabilities):
+    their namespaces are then in no list of the machine's, and no rank can join them."""
+    return _how()[0] == "user"
+
+
 def unavailable_to_ranks() -> str | None:
     """Why the harness's ranks cannot be put on real nodes here, or None: a rank joins its
     node's namespaces itself, which takes root's capabilities (a cluster made inside a user
@@ -95,8 +102,9 @@ def unavailable_to_ranks() -> str | None:
     if unavailable():
         return unavailable()
     if _how()[0] != "direct":
-        return ("real nodes in the harness need root (a rank joins its node's namespaces); "
-                "without it, a Cluster runs whole commands on nodes")  # fmt: skip
+        return ("real nodes in the harness need root's capabilities (CAP_SYS_ADMIN, "
+                "CAP_NET_ADMIN: a rank joins its node's namespaces); without them a Cluster "
+                "runs whole commands on nodes")  # fmt: skip
     return None
 
 
@@ -117,7 +125,9 @@ def _holder_command(*args: str) -> list[str]:
 
 def _private_netns_list() -> None:
     """In a user namespace's own mount namespace: a ``/run/netns`` of its own for ``ip netns``
-    (the machine's is root's to write). Where the machine has none, a ``/run`` of its own."""
+    (the machine's is root's to write). Where the machine has none, a ``/run`` of its own,
+    which hides the machine's (``/run/user``, a resolver's socket) from what runs on the nodes:
+    their names resolve through their hosts files."""
     if not os.path.isdir("/run/netns"):
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"], check=True)
         os.mkdir("/run/netns")
@@ -190,7 +200,7 @@ class Cluster:
         if reason:
             raise RuntimeError(reason)
         self.rootless = _how()[0] == "user"  # then in a user namespace of its own
-        self._via: list[str] = []  # the way into it, for `ip` and what runs on a node
+        self._nsenter: list[str] = []  # the way into it, for `ip` and what runs on a node
         self._hosts_dir = tempfile.mkdtemp(prefix="refddp-cluster-") if self.rootless else ""
         if not self.rootless:
             sweep()
@@ -216,21 +226,18 @@ class Cluster:
         # working directory may shadow anything it imports. Without root it is also the
         # maker of the cluster's user namespace, which lives as long as it does.
         reap = ["--reap", str(os.getpid()), self._hosts_dir or "-", *names]
+        said = subprocess.PIPE if self.rootless else subprocess.DEVNULL
         self._reaper = subprocess.Popen(
             _holder_command("--hold", *reap) if self.rootless
             else [sys.executable, "-I", os.path.abspath(__file__), *reap],
-            stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            stdout=subprocess.PIPE if self.rootless else subprocess.DEVNULL, cwd="/", text=True,
+            stdin=subprocess.DEVNULL, stdout=said, stderr=said, start_new_session=True, cwd="/",
+            text=True,
         )  # fmt: skip
         if self.rootless:
-            assert self._reaper.stdout is not None
-            said = self._reaper.stdout.readline().strip()
-            self._reaper.stdout.close()
-            if said != "ready":
-                raise RuntimeError(f"the cluster's user namespace could not be made: {said}")
+            self._await_user_namespace(self._reaper)
             self.user_namespace_pid = self._reaper.pid
-            self._via = ["nsenter", "-t", str(self._reaper.pid), "--user", "--mount", "--net",
-                         "--preserve-credentials", "--"]  # fmt: skip
+            self._nsenter = ["nsenter", "-t", str(self._reaper.pid), "--user", "--mount", "--net",
+                             "--preserve-credentials"]  # fmt: skip
         self._ip("netns", "add", self.switch)
         self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         self._ip("-n", self.switch, "link", "set", "br0", "up")
@@ -249,8 +256,31 @@ class Cluster:
             with open(self.hosts_file(node.index), "w") as f:
                 f.write(hosts)
 
+    @staticmethod
+    def _await_user_namespace(holder: subprocess.Popen, timeout_s: float = 30) -> None:
+        """Wait for the holder's "ready"; else a one-line error with what it said."""
+        assert holder.stdout is not None and holder.stderr is not None
+        line = ""
+        if select.select([holder.stdout], [], [], timeout_s)[0]:
+            line = holder.stdout.readline().strip()
+        if line == "ready":
+            holder.stdout.close()
+            holder.stderr.close()  # (it writes nothing more)
+            return
+        holder.kill()
+        _, err = holder.communicate()
+        why = line or (err.strip().splitlines() or [f"exit {holder.returncode}"])[-1]
+        raise RuntimeError(f"the cluster's user namespace could not be made: {why}")
+
+    def _enter(self, wd: str | None = None) -> list[str]:
+        """The prefix that runs a command inside the cluster's user namespace, in ``wd`` (its
+        mounts start at /); none as root."""
+        if not self._nsenter:
+            return []
+        return [*self._nsenter, *([f"--wd={wd}"] if wd else []), "--"]
+
     def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return _ip(*args, check=check, via=self._via)
+        return _ip(*args, check=check, via=self._enter())
 
     # -- running things on a node -----------------------------------------------------------
 
@@ -267,7 +297,7 @@ class Cluster:
             return ["ip", "netns", "exec", node.namespace, "unshare", "--uts", "--", "sh", "-c",
                     'hostname "$0" && exec "$@"', name, *argv]  # fmt: skip
         where = os.path.abspath(cwd if cwd is not None else os.getcwd())
-        return [*self._via[:-1], f"--wd={where}", "--", "ip", "netns", "exec", node.namespace,
+        return [*self._enter(where), "ip", "netns", "exec", node.namespace,
                 "unshare", "--uts", "--", "sh", "-c",
                 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"',
                 name, self.hosts_file(k), *argv]  # fmt: skip
@@ -289,7 +319,7 @@ class Cluster:
 
     def kill(self, k: int) -> None:
         """Node ``k`` dies: every process in its namespace is SIGKILLed."""
-        _kill_inside(self.nodes[k].namespace, self._via)
+        _kill_inside(self.nodes[k].namespace, self._enter())
 
     def cut(self, k: int) -> None:
         """Pull node ``k``'s cable: its bridge port goes down; packets are lost, no reset sent."""
@@ -301,7 +331,7 @@ class Cluster:
     def slow(self, k: int, rate: str = "1mbit") -> None:
         """Limit node ``k``'s link to ``rate`` both ways (``tc tbf``)."""
         for namespace, dev in ((self.switch, f"port{k}"), (self.nodes[k].namespace, "eth0")):
-            subprocess.run([*self._via, "ip", "netns", "exec", namespace, "tc", "qdisc",
+            subprocess.run([*self._enter(), "ip", "netns", "exec", namespace, "tc", "qdisc",
                             "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
                             "latency", "400ms"], check=True, capture_output=True)  # fmt: skip
 
@@ -322,14 +352,14 @@ class Cluster:
                 while not done.is_set():
                     if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
                         listed = time.monotonic()
-                        pids = _pids_in(self.nodes[k].namespace, self._via)
+                        pids = _pids_in(self.nodes[k].namespace, self._enter())
                     _signal_all(pids, signal.SIGSTOP)
                     time.sleep(period_s * (1 - share))
                     _signal_all(pids, signal.SIGCONT)
                     done.wait(period_s * share)
             finally:  # never left stopped, whatever ended the loop
                 _signal_all(pids, signal.SIGCONT)
-                _signal_all(_pids_in(self.nodes[k].namespace, self._via), signal.SIGCONT)
+                _signal_all(_pids_in(self.nodes[k].namespace, self._enter()), signal.SIGCONT)
 
         thread = threading.Thread(target=duty_cycle, name=f"throttle-node{k}", daemon=True)
         thread.start()
@@ -360,8 +390,10 @@ class Cluster:
         for proc in self._procs:
             if proc.poll() is None:
                 proc.kill()
-        if self._reaper is not None:  # (without root, the namespaces' only way in)
-            remove([n.namespace for n in self.nodes] + [self.switch], self._via)
+        # (Without root, the reaper holds the namespaces: they are removed through it, and
+        # there is nothing to remove when it could not make them.)
+        if self._reaper is not None and (self._nsenter or not self.rootless):
+            remove([n.namespace for n in self.nodes] + [self.switch], self._enter())
         for proc in self._procs:
             try:
                 proc.wait(timeout=5)
@@ -402,7 +434,7 @@ def _hold(argv: list[str]) -> None:
         print(f"cannot mount a private /run/netns: {exc}", flush=True)
         sys.exit(1)
     print("ready", flush=True)
-    os.close(1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the cluster reads no more from it
     if argv[:1] == ["--reap"]:
         _reap(argv[1:])
 

@@ -109,10 +109,26 @@ def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def processes_in(networks: set[str]) -> list[int]:
+    """The processes on this machine in any of ``networks`` (``net:[inode]``, as
+    ``/proc/PID/ns/net`` names a network namespace) that this user may look at."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") in networks:
+                found.append(int(pid))
+        except OSError:  # gone, or another user's
+            pass
+    return found
+
+
 def test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster():
     with Cluster(2) as cluster:
         made, holder = cluster.namespaces(), cluster.user_namespace_pid
         hosts_files = [cluster.hosts_file(k) for k in range(2)]
+        networks = {cluster.run(k, ["readlink", "/proc/self/ns/net"]).stdout.strip()
+                    for k in range(2)}  # fmt: skip
+        assert len(networks) == 2 and all(n.startswith("net:[") for n in networks), networks
         for k in range(2):
             seen = cluster.run(k, ["sh", "-c", "hostname; getent hosts node0 node1; pwd"],
                                cwd=REPO).stdout  # fmt: skip
@@ -130,6 +146,12 @@ def test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluste
         cut = [sys.executable, "-c", "import socket; socket.create_connection(('node1', 7000), "
                "timeout=1)"]  # fmt: skip
         assert "timed out" in cluster.run(0, cut).stderr, "a cut link loses packets"
+        sleeper = cluster.popen(1, ["sleep", "600"])
+        deadline = time.monotonic() + 10  # (until it has entered the node)
+        while not processes_in(networks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_in(networks), "a node's processes are seen in its network"
+    assert sleeper.poll() is not None and not processes_in(networks), "nothing runs on a node"
     assert not any(name in listed() for name in made)
     assert not any(os.path.exists(path) for path in hosts_files)
     # Without root, the namespaces live as long as the process holding their user namespace.
@@ -159,8 +181,8 @@ def test_a_killed_test_run_leaves_no_namespace_behind():
     assert gone(), "the reaper removes a dead run's cluster: namespaces, hosts files, holder"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="made without root, a cluster leaves nothing in "
-                    "the machine's lists")  # fmt: skip
+@pytest.mark.skipif(cluster_module.in_user_namespace(), reason="made in a user namespace, a "
+                    "cluster leaves nothing in the machine's lists")  # fmt: skip
 def test_a_new_cluster_removes_what_a_dead_process_left():
     # As a run killed before its reaper could act (the machine rebooted its container, say).
     dead = subprocess.Popen(["true"])

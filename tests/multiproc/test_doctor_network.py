@@ -27,8 +27,8 @@ def cluster():
 
 def doctor(cluster: Cluster, k: int, hostname: str | None = None, **env: str):
     environment = {**os.environ, "MASTER_ADDR": "node0", "MASTER_PORT": "29500", **env}
-    return subprocess.run(cluster.command(k, DOCTOR, hostname), capture_output=True, text=True,
-                          env=environment, cwd=REPO, timeout=60)  # fmt: skip
+    return subprocess.run(cluster.command(k, DOCTOR, hostname, cwd=REPO), capture_output=True,
+                          text=True, env=environment, cwd=REPO, timeout=60)  # fmt: skip
 
 
 def problems(done: subprocess.CompletedProcess) -> list[str]:

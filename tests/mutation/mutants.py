@@ -1229,7 +1229,7 @@ MUTANTS = (
     ),
     Mutant(
         "cluster-outlives-its-test", "a cluster leaves nothing behind", CLUSTER,
-        "            remove([n.namespace for n in self.nodes] + [self.switch], self._via)\n",
+        "            remove([n.namespace for n in self.nodes] + [self.switch], self._enter())\n",
         "            pass\n",
         (f"{T_CLUSTER}::test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",),
     ),
@@ -1446,7 +1446,7 @@ MUTANTS = (
     ),
     Mutant(
         "user-namespace-node-starts-at-root", "a cluster without root, in a user namespace",
-        CLUSTER, 'return [*self._via[:-1], f"--wd={where}", "--",', 'return [*self._via[:-1], "--",',
+        CLUSTER, "return [*self._enter(where), ", "return [*self._enter(), ",
         (T_UNPRIVILEGED,),
     ),
     Mutant(

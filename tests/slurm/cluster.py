@@ -165,7 +165,9 @@ PartitionName=debug Nodes={",".join(name for name, _ in self._nodes())} Default=
 
     def _on(self, node: int | None, argv: list[str]) -> list[str]:
         """``argv`` as run on network node ``node`` (as it is without a network)."""
-        return argv if self.network is None or node is None else self.network.command(node, argv)
+        if self.network is None or node is None:
+            return argv
+        return self.network.command(node, argv, cwd=REPO)
 
     def logs(self) -> str:
         """The tail of every daemon's log, for failure messages."""

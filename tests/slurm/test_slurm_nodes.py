@@ -21,6 +21,9 @@ pytestmark = [
     pytest.mark.skipif(why_not() is not None, reason=str(why_not())),
     pytest.mark.skipif(network_module.unavailable() is not None,
                        reason=str(network_module.unavailable())),  # fmt: skip
+    # slurmd runs jobs as root, on nodes in the machine's lists: no user namespace
+    pytest.mark.skipif(network_module.in_user_namespace(),
+                       reason="SLURM's nodes need root's capabilities"),  # fmt: skip
 ]
 FLAGS = dict(train_size=96, val_size=37, input_dim=8, hidden_size=16, batch_size=4, epochs=2,
              dtype="float64", deterministic=True, device="cpu")  # fmt: skip
