@@ -101,7 +101,7 @@ def unavailable_to_ranks() -> str | None:
     namespace is out of a rank's reach)."""
     if unavailable():
         return unavailable()
-    if _how()[0] != "direct":
+    if in_user_namespace():
         return ("real nodes in the harness need root's capabilities (CAP_SYS_ADMIN, "
                 "CAP_NET_ADMIN: a rank joins its node's namespaces); without them a Cluster "
                 "runs whole commands on nodes")  # fmt: skip
@@ -199,7 +199,7 @@ class Cluster:
         reason = unavailable()
         if reason:
             raise RuntimeError(reason)
-        self.rootless = _how()[0] == "user"  # then in a user namespace of its own
+        self.rootless = in_user_namespace()  # then in a user namespace of its own
         self._nsenter: list[str] = []  # the way into it, for `ip` and what runs on a node
         self._hosts_dir = tempfile.mkdtemp(prefix="refddp-cluster-") if self.rootless else ""
         if not self.rootless:

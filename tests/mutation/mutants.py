@@ -1456,7 +1456,7 @@ MUTANTS = (
     ),
     Mutant(
         "harness-real-nodes-tried-without-root", "a cluster without root, in a user namespace",
-        CLUSTER, '    if _how()[0] != "direct":\n', "    if False:\n",
+        CLUSTER, "    if in_user_namespace():\n", "    if False:\n",
         (T_UNPRIVILEGED,),
     ),
     Mutant(
