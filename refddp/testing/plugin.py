@@ -63,11 +63,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_false",
         help="run ranks without collective fingerprint checking",
     )
+    _add_lint_option(group)
+
+
+def _add_lint_option(group: pytest.OptionGroup) -> None:
+    # --dist-lint PATH: the static half (refddp/lint/pytest_items.py), no torch imported
+    from refddp.lint.pytest_items import add_lint_option
+
+    add_lint_option(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global session_config
     session_config = config
+    from refddp.lint.pytest_items import register_lint_items
+
+    register_lint_items(config)
     # For the rank server alone, as it starts (rank_server.py); pytest too: test modules import
     # it. Not in this process's environment, which every subprocess of a test inherits.
     from refddp.testing import rank_server

@@ -1,87 +1,62 @@
-"""Static check: refddp never issues a collective inside a rank-conditional branch.
+"""Static check: refddp issues no collective that only some ranks reach.
 
 A collective that only some ranks reach is the classic DDP deadlock (a barrier after a rank-0
-progress bar or checkpoint save). This walks refddp's source: inside any ``if`` whose
-condition mentions a rank, no call may issue a collective, whether directly
-(``dist.all_reduce``) or through one of refddp's helpers that do.
+progress bar or checkpoint save). refddp's own source goes through the lint users get
+(``python -m refddp.lint``): rank-dependent values followed across modules, every collective
+under a rank-dependent branch, after a rank-dependent return, or in a rank-dependent loop,
+whether issued directly or through one of refddp's functions that issue one
+(``rank0_then_meet``, ``agree_any``, ``Trainer.save``...), and every function handed to
+``rank0_then_meet``, which runs it on rank 0 alone.
 """
 
-import ast
+import functools
 from pathlib import Path
 
 import refddp
-from refddp.testing.collectives import _COLLECTIVES
+from refddp.lint import analyse, findings, lint_paths
+from refddp.lint.sources import load
 
-# refddp functions that issue collectives themselves (checked by the multiproc order tests).
-COLLECTIVE_HELPERS = {
-    "agree_any",
-    "rank0_then_meet",
-    "sync_buffers",
-    "evaluate",
-    "evaluate_and_record",
-    "save",
-    "run_eval",
-    "run_predict",
-    "fit",
-    "destroy_process_group",
-    "new_group",
-}
-CALLS = set(_COLLECTIVES) | COLLECTIVE_HELPERS
-RANK_WORDS = ("rank", "is_main")
+PACKAGE = Path(refddp.__file__).parent
 
 
-def _called_name(call: ast.Call) -> str | None:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return None
+@functools.cache
+def refddp_analysed():
+    modules = load([str(PACKAGE)])
+    return analyse(modules), modules
 
 
-def rank_conditional_collectives(source: str, filename: str = "<src>") -> list[str]:
-    findings = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.If | ast.IfExp):
-            continue
-        condition = ast.unparse(node.test)
-        if not any(word in condition for word in RANK_WORDS):
-            continue
-        branches = node.body + node.orelse if isinstance(node, ast.If) else [node.body, node.orelse]
-        for branch in branches:
-            for inner in ast.walk(branch):
-                if isinstance(inner, ast.Call) and _called_name(inner) in CALLS:
-                    findings.append(
-                        f"{filename}:{inner.lineno}: {ast.unparse(inner.func)}() under "
-                        f"`if {condition}`"
-                    )
-    return findings
+def test_refddp_has_no_collective_that_only_some_ranks_reach():
+    assert [str(f) for f in findings(*refddp_analysed())] == []  # nor a note
 
 
-def test_refddp_has_no_collective_inside_a_rank_conditional_branch():
-    root = Path(refddp.__file__).parent
-    findings = []
-    for path in sorted(root.rglob("*.py")):
-        findings += rank_conditional_collectives(path.read_text(), str(path.relative_to(root)))
-    assert findings == []
+def test_the_check_catches_the_progress_bar_barrier(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("""
+import torch.distributed as dist
+from refddp.dist import agree_any, rank0_then_meet
+from refddp.trainer import Trainer
 
 
-def test_the_check_catches_the_progress_bar_barrier():
-    planted = """
-if dist.get_rank() == 0:
-    bar.close()
-    dist.barrier()
-if ctx.is_main:
-    log.info("saved")
-else:
-    agree_any(True)
-x = trainer.save() if rank == 0 else None
-"""
-    found = rank_conditional_collectives(planted)
-    assert [f.split(": ", 1)[1] for f in found] == [
-        "dist.barrier() under `if dist.get_rank() == 0`",
-        "agree_any() under `if ctx.is_main`",
-        "trainer.save() under `if rank == 0`",
+def epoch_end(bar, ctx, trainer: Trainer):
+    if dist.get_rank() == 0:
+        bar.close()
+        dist.barrier()
+    if ctx.is_main:
+        print("saved")
+    else:
+        agree_any(True)
+    x = trainer.save() if ctx.rank == 0 else None
+    rank0_then_meet(lambda: agree_any(False))
+    return x
+""")
+    found = lint_paths([str(PACKAGE), str(planted)])
+    assert [(f.line, f.code, f.message.split(" (")[0]) for f in found] == [
+        (10, "RDL101", "dist.barrier() under `dist.get_rank() == 0`"),
+        (14, "RDL101", "agree_any(True), which issues dist.all_reduce, where `ctx.is_main` is "
+                       "false"),
+        (15, "RDL101", "trainer.save(), which issues dist.broadcast, under `ctx.rank == 0`"),
+        (16, "RDL104", "lambda: agree_any(False) issues dist.all_reduce, and rank0_then_meet() "
+                       "calls it only where `rank() == 0`"),
     ]
 
 
@@ -90,23 +65,22 @@ x = trainer.save() if rank == 0 else None
 RANK_ALONE = ("trackers", "profiler.py")
 
 
-def collective_calls(source: str, filename: str = "<src>") -> list[str]:
-    return [
-        f"{filename}:{node.lineno}: {ast.unparse(node.func)}()"
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Call) and _called_name(node) in CALLS
-    ]
+def issuing(modules: list[Path], analysis) -> dict[str, str]:
+    """Each function of ``modules`` that may issue a collective (through any call the lint
+    resolves), and the first one it issues."""
+    wanted = {p.resolve() for p in modules}
+    return {q: analysis.issues(q) for q, f in analysis.package.functions.items()
+            if f.module.path.resolve() in wanted and analysis.issues(q)}  # fmt: skip
 
 
-def test_trackers_and_the_profiler_issue_no_collective_at_all():
-    root = Path(refddp.__file__).parent
-    paths = [p for name in RANK_ALONE for p in sorted((root / name).glob("**/*.py"))
-             or [root / name]]  # fmt: skip
+def test_trackers_and_the_profiler_issue_no_collective_at_all(tmp_path):
+    paths = [p for name in RANK_ALONE for p in sorted((PACKAGE / name).glob("**/*.py"))
+             or [PACKAGE / name]]  # fmt: skip
     assert len(paths) >= 5, paths  # the package's modules and profiler.py
-    findings = []
-    for path in paths:
-        findings += collective_calls(path.read_text(), str(path.relative_to(root)))
-    assert findings == []
-    assert collective_calls("self.trackers.record(r)\ndist.all_reduce(t)\n") == [
-        "<src>:2: dist.all_reduce()"
-    ]
+    assert issuing(paths, refddp_analysed()[0]) == {}
+    tracker = tmp_path / "tracker.py"
+    tracker.write_text("import torch.distributed as dist\nfrom refddp.dist import agree_any\n\n\n"
+                       "class Tracker:\n    def record(self, r):\n        self.flush(r)\n\n"
+                       "    def flush(self, r):\n        agree_any(r)\n")  # fmt: skip
+    assert issuing([tracker], analyse(load([str(PACKAGE), str(tracker)]))) == {
+        "tracker.Tracker.record": "dist.all_reduce", "tracker.Tracker.flush": "dist.all_reduce"}

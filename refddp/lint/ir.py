@@ -1,0 +1,292 @@
+"""A function's body as the lint sees it: only the calls that matter and the control flow
+around them.
+
+The tree keeps, in execution order: collectives and calls of the package's own functions
+(``Call``), calls the lint cannot resolve (``Call`` of kind ``unknown`` or ``maybe``: notes
+when rank-dependent), ``return`` / ``raise`` / ``break`` / ``continue`` / ``sys.exit``
+(``Exit``), branches (``Branch``: ``if``, a ternary, ``and`` / ``or``, ``match``, a
+``@rank_zero_only`` decorator) and loops (``Loop``), each with the origin of its
+rank-dependence, if any. Everything else (assignments, logging, arithmetic) is dropped.
+
+A ``raise`` inside a ``try`` that has ``except`` clauses is not an exit here: where it lands
+cannot be told without types, so the lint keeps it simple and follows the ``try`` body.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from refddp.lint.calls import Function, Scope
+from refddp.lint.collectives import (
+    COLLECTIVE_LIBRARIES,
+    EXITS,
+    SAFE_METHODS,
+    Verdict,
+    library_call,
+    method_call,
+)
+from refddp.lint.dataflow import Flow
+from refddp.lint.rank_values import NOTHING, Origin
+
+# Decorators that run a function on the main process only (Lightning, Accelerate, others).
+RANK_ONLY_DECORATOR = re.compile(r"^(rank_zero_only|rank0_only|on_main_process|"
+                                 r"on_local_main_process|main_process_only|master_only)$")
+
+
+@dataclass(eq=False)
+class Call:
+    """A call that matters: kind ``collective``, ``package`` (the package's own functions),
+    ``maybe`` / ``unknown`` (cannot tell), ``param`` (a call of the function's parameter)."""
+
+    node: ast.expr
+    kind: str
+    name: str
+    scope: Scope
+    targets: tuple[str, ...] = ()
+    guess: bool = False  # targets found by a method's name alone
+    why: str = ""
+
+    @property
+    def text(self) -> str:
+        return _short(self.node)
+
+
+@dataclass(eq=False)
+class Exit:
+    node: ast.AST
+    kind: str  # return, raise, break, continue, exit
+
+
+@dataclass(eq=False)
+class Branch:
+    node: ast.AST
+    text: str  # the condition, as written
+    rank: Origin | None
+    a: list = field(default_factory=list)
+    b: list = field(default_factory=list)
+    params: frozenset[str] = frozenset()  # the function's parameters the condition depends on
+
+
+@dataclass(eq=False)
+class Loop:
+    node: ast.AST
+    text: str  # what it iterates over, or its condition
+    rank: Origin | None
+    body: list = field(default_factory=list)
+    orelse: list = field(default_factory=list)
+    params: frozenset[str] = frozenset()
+
+
+@dataclass(eq=False)
+class Try:
+    body: list
+    handlers: list[list]
+    orelse: list
+    final: list
+
+
+def _short(node: ast.AST, limit: int = 60) -> str:
+    text = " ".join(ast.unparse(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Builder:
+    """Turns one function's body into the tree above, with the facts of its ``Flow``."""
+
+    def __init__(self, function: Function, flow: Flow):
+        self.function, self.flow = function, flow
+        self.scope = flow.scope({})
+        self.no_sync = False
+
+    def build(self) -> list:
+        node = self.function.node
+        if isinstance(node, ast.Lambda):
+            self.scope = self.flow.scope(self._lambda_env())
+            return self.expr(node.body)
+        body = self.block(node.body, in_try=False)
+        for decorator in getattr(node, "decorator_list", []):
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if RANK_ONLY_DECORATOR.match(name):
+                origin = Origin(self.function.module.display, decorator.lineno, _short(decorator))
+                body = [Branch(decorator, "@" + _short(decorator), origin, body, [])]
+        return body
+
+    def _lambda_env(self) -> dict:
+        return {p: self.flow.package.param_facts.get(self.function.qualname, {}).get(p, NOTHING)
+                for p in self.function.params}  # fmt: skip
+
+    def block(self, body: list[ast.stmt], in_try: bool) -> list:
+        nodes: list = []
+        for statement in body:
+            nodes += self.statement(statement, in_try)
+        return nodes
+
+    def statement(self, node: ast.stmt, in_try: bool) -> list:  # noqa: C901
+        scope = self.flow.scopes.get(id(node))
+        if scope is None:
+            return []  # unreachable code the flow never visited
+        self.scope = scope
+        if isinstance(node, ast.If):
+            rank, params = self.depends(node.test)
+            return [*self.expr(node.test), Branch(node, _short(node.test), rank,
+                                                  self.block(node.body, in_try),
+                                                  self.block(node.orelse, in_try), params)]
+        if isinstance(node, ast.For | ast.AsyncFor):
+            rank, params = self.depends(node.iter)
+            return [*self.expr(node.iter), Loop(node, _short(node.iter), rank,
+                                                self.block(node.body, in_try),
+                                                self.block(node.orelse, in_try), params)]
+        if isinstance(node, ast.While):
+            rank, params = self.depends(node.test)
+            test = self.expr(node.test)
+            return [*test, Loop(node, _short(node.test), rank,
+                                self.block(node.body, in_try) + test,
+                                self.block(node.orelse, in_try), params)]  # fmt: skip
+        if isinstance(node, ast.Return):
+            return [*self.expr(node.value), Exit(node, "return")] if node.value else [
+                Exit(node, "return")]
+        if isinstance(node, ast.Raise):
+            return [*self.expr(node.exc)] + ([] if in_try else [Exit(node, "raise")])
+        if isinstance(node, ast.Break | ast.Continue):
+            return [Exit(node, type(node).__name__.lower())]
+        if isinstance(node, ast.With | ast.AsyncWith):
+            nodes = [n for item in node.items for n in self.expr(item.context_expr)]
+            no_sync = any(isinstance(i.context_expr, ast.Call) and isinstance(
+                i.context_expr.func, ast.Attribute) and i.context_expr.func.attr == "no_sync"
+                for i in node.items)  # fmt: skip
+            before, self.no_sync = self.no_sync, self.no_sync or no_sync
+            nodes += self.block(node.body, in_try)
+            self.no_sync = before
+            return nodes
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            return [Try(self.block(node.body, in_try or bool(node.handlers)),
+                        [self.block(h.body, in_try) for h in node.handlers],
+                        self.block(node.orelse, in_try), self.block(node.finalbody, in_try))]
+        if type(node).__name__ == "Match":
+            rank, params = self.depends(node.subject)
+            chain: list = []
+            for case in reversed(node.cases):
+                chain = [Branch(case, f"match {_short(node.subject)}: case "
+                                f"{_short(case.pattern)}", rank, self.block(case.body, in_try),
+                                chain, params)]  # fmt: skip
+            return [*self.expr(node.subject), *chain]
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return []  # run when called: analysed as functions of their own
+        return [n for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)
+                for n in self.expr(child)]  # fmt: skip
+
+    def depends(self, node: ast.expr) -> tuple[Origin | None, frozenset[str]]:
+        facts = self.scope.facts(node)
+        return facts.rank, frozenset() if facts.rank else facts.params
+
+    def expr(self, node: ast.expr | None) -> list:
+        """The calls an expression makes, in the order Python evaluates them."""
+        if node is None or isinstance(node, ast.Lambda):
+            return []
+        if isinstance(node, ast.Call):
+            nodes = [n for child in [node.func, *node.args, *(k.value for k in node.keywords)]
+                     for n in self.expr(child)]  # fmt: skip
+            found = self.call(node)
+            return nodes + ([found] if found is not None else [])
+        if isinstance(node, ast.IfExp):
+            rank, params = self.depends(node.test)
+            a, b = self.expr(node.body), self.expr(node.orelse)
+            branch = [Branch(node, _short(node.test), rank, a, b, params)] if a or b else []
+            return self.expr(node.test) + branch
+        if isinstance(node, ast.BoolOp):
+            nodes = self.expr(node.values[0])
+            for previous, value in zip(node.values, node.values[1:], strict=False):
+                inner = self.expr(value)
+                if inner:
+                    rank, params = self.depends(previous)
+                    nodes.append(Branch(node, _short(previous), rank, inner, [], params))
+            return nodes
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            generators = node.generators
+            body = [n for g in generators for c in g.ifs for n in self.expr(c)]
+            elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            body += [n for e in elements for n in self.expr(e)]
+            deps = [self.depends(g.iter) for g in generators]
+            rank = next((r for r, _ in deps if r), None)
+            params = frozenset() if rank else frozenset().union(*(p for _, p in deps))
+            iters = [n for g in generators for n in self.expr(g.iter)]
+            return iters + ([Loop(node, _short(generators[0].iter), rank, body, [], params)]
+                            if body else [])  # fmt: skip
+        return [n for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)
+                for n in self.expr(child)]  # fmt: skip
+
+    def call(self, node: ast.Call) -> Call | Exit | None:  # noqa: C901 (one case per callee)
+        scope, func = self.scope, node.func
+        dotted = scope.dotted(func)
+        if dotted in EXITS:
+            return Exit(node, "exit")
+        callee = scope.facts(func)
+        if callee.wrapped:
+            return self._forward(node, callee.wrapped)
+        if isinstance(func, ast.Name) and func.id in self.function.params:
+            return Call(node, "param", func.id, scope)  # checked where it is passed (rules.py)
+        targets, guess = scope.targets(node)
+        method = func.attr if isinstance(func, ast.Attribute) else None
+        if guess and method:
+            verdict = method_call(method, None, _keywords(node))
+            if verdict is not None:
+                return self._verdict(node, verdict)
+        if targets:
+            name = _short(func, 40)
+            return Call(node, "package", name, scope, tuple(targets), guess)
+        if dotted is not None:
+            if dotted.startswith("builtins."):
+                return None
+            if dotted == "torch.autograd.backward" and any(
+                    scope.facts(a).output for a in node.args):  # fmt: skip
+                return self._backward(node)
+            return self._verdict(node, library_call(dotted))
+        if method is None:
+            what = f"{_short(func, 40)}()" if isinstance(func, ast.Name) else _short(node, 40)
+            return Call(node, "unknown", what, scope,
+                        why=f"a call through {_short(func, 40)}, which the lint cannot resolve")
+        receiver = scope.facts(func.value)
+        if method == "backward" and receiver.output:
+            return None if self.no_sync else self._backward(node)
+        if receiver.wrapped == "FSDP" and method == "state_dict":
+            return Call(node, "maybe", f"{_short(func, 40)}()", scope,
+                        why="an FSDP model's state_dict() gathers parameters")
+        library = receiver.library or ("accelerate" if _short(func.value).endswith(
+            "accelerator") else None)  # fmt: skip
+        verdict = method_call(method, library, _keywords(node))
+        if verdict is not None:
+            return self._verdict(node, verdict)
+        if library in COLLECTIVE_LIBRARIES and method not in SAFE_METHODS:
+            return Call(node, "unknown", f"{_short(func, 40)}()", scope,
+                        why=f"{library}'s {method}() is not in the lint's tables")
+        if library or receiver.classes or receiver.wrapped or method in SAFE_METHODS:
+            return None
+        return Call(node, "unknown", f"{_short(func, 40)}()", scope,
+                    why=f"the lint cannot tell what {_short(func.value, 40)} is")
+
+    def _verdict(self, node: ast.Call, verdict: Verdict) -> Call | Exit | None:
+        if verdict.kind == "exit":
+            return Exit(node, "exit")
+        if verdict.kind == "safe":
+            return None
+        return Call(node, verdict.kind, verdict.name, self.scope, why=verdict.why)
+
+    def _forward(self, node: ast.Call, wrapped: str) -> Call:
+        if wrapped == "FSDP":
+            return Call(node, "collective", "FSDP forward", self.scope,
+                        why="an FSDP forward all-gathers the parameters")
+        return Call(node, "maybe", f"{_short(node.func, 40)}(...)", self.scope,
+                    why="a DDP forward broadcasts the module's buffers when it has any "
+                    "(broadcast_buffers=True)")
+
+    def _backward(self, node: ast.Call) -> Call:
+        return Call(node, "collective", "DDP backward", self.scope,
+                    why="the backward of a DDP or FSDP model's loss all-reduces the gradients")
+
+
+def _keywords(node: ast.Call) -> dict[str, object]:
+    return {k.arg: k.value.value for k in node.keywords
+            if k.arg and isinstance(k.value, ast.Constant)}  # fmt: skip

@@ -1,0 +1,405 @@
+"""The rules: where a collective's execution depends on the rank.
+
+For every rank-dependent branch the lint compares what the two sides go on to issue, up to the
+end of the function: the side's own collectives, then the code after the branch (for a side
+that falls through), after the loop (``break``), the loop's next iterations (``continue``) or
+nothing (``return``, ``raise``). Equal sequences pass (symmetric branches, a ``return`` after
+the same collective the other side reaches later); otherwise, from the first difference on:
+
+- ``RDL101``: each collective written inside a side (and the package calls that issue one);
+- ``RDL102``: where no side has one, the first collective the code after the branch issues,
+  which the ranks that left early skip;
+- ``RDL103``: a collective in a loop over a rank-dependent value, or whose condition is one;
+- ``RDL104``: a function passed to a helper that calls it under a rank-dependent condition
+  (``rank0_then_meet(save)``) and issues a collective; the helper's own call is fine;
+- ``RDL201``: a call under a rank-dependent condition that the lint cannot see into: a value
+  it cannot resolve, or a library call that may or may not communicate (a DDP forward).
+
+A branch on a parameter (``def f(flag): if flag: dist.barrier()``) is checked the same way,
+but reported only where a caller passes a rank-dependent value for it (``f(rank == 0)``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from refddp.lint.findings import Finding
+from refddp.lint.ir import Branch, Call, Exit, Loop, Try, _short
+from refddp.lint.rank_values import Origin
+from refddp.lint.sequences import ESCAPING, Atom, Sequences, first_collective, keys, sites
+
+SINCE = "\x00since\x00"  # where a pending finding says why its condition is rank-dependent
+
+
+@dataclass(frozen=True)
+class Context:
+    """The innermost rank-dependent construct around a node: for notes and obligations."""
+
+    text: str
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A finding that holds where a caller passes a rank-dependent value for ``params``
+    (its message, with SINCE where the reason goes, is kept beside it)."""
+
+    params: frozenset[str]
+    path: str
+    line: int
+    col: int
+    code: str
+
+
+def since(origin: Origin) -> str:
+    return f"rank-dependent since {origin}, `{origin.text}`"
+
+
+class Rules:
+    """Walks every function's tree and reports."""
+
+    def __init__(self, sequences: Sequences, paths: dict[str, str]):
+        self.seq = sequences
+        self.paths = paths  # qualname -> file as shown
+        self.findings: dict[tuple, Finding] = {}
+        # function -> its parameters it calls on some ranks only: where, and the call
+        self.obligations: dict[str, dict[str, tuple[Context, Call]]] = {}
+        self.passed: set[tuple[str, str]] = set()  # (function, parameter) some caller passes
+        self.pending: dict[str, dict[Pending, str]] = {}
+        self.params: frozenset[str] = frozenset()  # non-empty: findings wait for a caller
+
+    def report(self, node: ast.AST, code: str, message: str, path: str | None = None) -> None:
+        path = path or self.path
+        line, col = node.lineno, node.col_offset  # type: ignore[attr-defined]
+        if self.params:
+            self.pending.setdefault(self.qualname, {}).setdefault(
+                Pending(self.params, path, line, col, code), message)
+            return
+        # one finding per site (the innermost construct's, reported last) and per kind
+        self.findings[(path, line, col, code[:4])] = Finding(path, line, col, code, message)
+
+    def describe(self, call: Call) -> str:
+        if call.kind == "package":
+            issued = first_collective(tuple(a.key for a in self.seq.call_atoms(call)))
+            return f"{call.text}, which issues {issued}," if issued else call.text
+        if call.why:  # a collective its source text does not name: say why it is one
+            return f"{call.text} ({call.why})"
+        return call.text
+
+    # -- the walk -----------------------------------------------------------------------
+
+    def function(self, qualname: str, tree: list) -> None:
+        self.qualname, self.path = qualname, self.paths[qualname]
+        self.walk(tree, (), None)
+
+    def check(self, node: Branch | Loop, check) -> None:
+        """Run ``check`` now (a rank-dependent construct) or for the callers (a parameter's)."""
+        if node.rank:
+            check(since(node.rank))
+        elif node.params:
+            outer, self.params = self.params, node.params
+            check(SINCE)
+            self.params = outer
+
+    def walk(self, nodes: list, frames: tuple, ctx: Context | None) -> None:
+        for i, node in enumerate(nodes):
+            here = (("block", nodes[i + 1 :]), *frames)
+            if isinstance(node, Exit):
+                return
+            if isinstance(node, Call):
+                self.call(node, ctx)
+            elif isinstance(node, Branch):
+                inner = Context(node.text, node.rank) if node.rank else ctx
+                self.check(node, lambda why, n=node, h=here: self.branch(n, h, why))
+                self.walk(node.a, here, inner)
+                self.walk(node.b, here, inner)
+                if node.rank and not ctx and self._leaves(node):
+                    ctx = Context(node.text, node.rank)  # the rest runs on some ranks only
+            elif isinstance(node, Loop):
+                inner = Context(f"for ... in {node.text}", node.rank) if node.rank else ctx
+                self.check(node, lambda why, n=node, h=here: self.loop(n, h, why))
+                self.walk(node.body, (("loop", node), *here), inner)
+                self.walk(node.orelse, here, ctx)
+            elif isinstance(node, Try):
+                self.walk(node.body + node.orelse + node.final, here, ctx)
+                for handler in node.handlers:
+                    self.walk(handler, here, ctx)
+
+    def _leaves(self, node: Branch) -> bool:
+        return bool(self.seq.atoms(node.a)[1] or self.seq.atoms(node.b)[1])
+
+    def call(self, call: Call, ctx: Context | None) -> None:
+        if ctx is None or call.kind == "collective":
+            return
+        if call.kind == "param":
+            self.obligations.setdefault(self.qualname, {}).setdefault(call.name, (ctx, call))
+            return
+        why = call.why
+        if call.kind == "package" and not call.guess:
+            if any(self.seq.issues(t) for t in call.targets):
+                return  # a collective: the branch's comparison reports it
+            inner = next(filter(None, map(self.seq.maybe, call.targets)), None)
+            if inner is None:
+                return
+            where = self.paths.get(self._owner(inner), "")
+            why = f"it calls {inner.text} ({where}:{inner.node.lineno}): {inner.why}"
+        elif call.kind == "package":
+            if not any(self.seq.issues(t) for t in call.targets):
+                return
+            why = (f"it is a method of an object the lint cannot tell the class of, and some "
+                   f"methods named {call.name.rpartition('.')[2]}() issue collectives")
+        self.report(call.node, "RDL201",
+                    f"cannot tell whether {call.text} issues a collective: {why}; it runs only "
+                    f"where `{ctx.text}` ({since(ctx.origin)}): the harness's run-time check "
+                    "covers it")  # fmt: skip
+
+    def _owner(self, call: Call) -> str:
+        return call.scope.function.qualname
+
+    # -- branches and loops -------------------------------------------------------------
+
+    def future(self, nodes: list, frames: tuple) -> tuple[list[tuple[Atom, bool]], str | None]:
+        """What ranks that run ``nodes`` issue up to the function's end; each atom with
+        whether it is written in ``nodes`` themselves."""
+        atoms, end = self.seq.atoms(nodes)
+        atoms = _without_final_exit(atoms)
+        out = [(a, True) for a in atoms] + [(a, False) for a in self.after(frames, end or "")]
+        out = _without_idle_jumps(out)
+        while out and not out[-1][0].collective:
+            out.pop()  # nothing that communicates follows: where it stops does not matter
+        return out, end
+
+    def after(self, frames: tuple, kind: str) -> list[Atom]:
+        """What runs after leaving a node list by ``kind`` ("" for falling through)."""
+        out: list[Atom] = []
+        for tag, item in frames:
+            if kind in ESCAPING:
+                break
+            if tag == "block":
+                if kind:
+                    continue  # a break or continue skips the rest of the loop's body
+                atoms, end = self.seq.atoms(item)
+                out += _without_final_exit(atoms)
+                kind = end or ""
+                continue
+            out.append(LOOP_END)
+            if kind != "break":
+                body, _ = self.seq.atoms(item.body)  # the loop's next iterations
+                if any(a.collective or a.escapes for a in body):
+                    tag_key = ("rloop",) if item.rank else ("loop", item.text)
+                    out.append(Atom.of((*tag_key, keys(body)), sites(body)))
+            out.append(LOOP_AFTER)
+            kind = ""
+        return out
+
+    def branch(self, node: Branch, frames: tuple, why: str) -> None:
+        self.compare(node.a, frames, node.b, frames, f"`{node.text}`", why, [*node.a, *node.b])
+
+    def compare(self, a: list, frames_a: tuple, b: list, frames_b: tuple, cond: str, why: str,
+                inside: list) -> None:  # fmt: skip
+        """Report where ranks running ``a`` and ranks running ``b`` part ways."""
+        (fa, end_a), (fb, end_b) = self.future(a, frames_a), self.future(b, frames_b)
+        if [x.key for x, _ in fa] == [y.key for y, _ in fb]:
+            return
+        # the same code both sides reach at the end runs alike on both (unless a side may
+        # return or raise before it): it is not where they part
+        e = 0
+        while e < min(len(fa), len(fb)) and _same(fa[-1 - e][0], fb[-1 - e][0]):
+            e += 1
+        leaving = bool({end_a, end_b} & ESCAPING) or any(
+            x.escapes for f in (fa, fb) for x, _ in f[: len(f) - e])  # before the shared end
+        if not leaving:
+            fa, fb = fa[: len(fa) - e], fb[: len(fb) - e]
+        # the first place where the sides differ: in what they issue, or in whether it is
+        # written in the side itself (one side's own barrier meeting the other side's barrier
+        # after the branch is a coincidence of names, not a match)
+        d = next((i for i, ((x, own_x), (y, own_y)) in enumerate(zip(fa, fb, strict=False))
+                  if x.key != y.key or own_x != own_y), min(len(fa), len(fb)))  # fmt: skip
+        own = [(s, side) for side, f in (("a", fa), ("b", fb)) for x, mine in f[d:] if mine
+               for s in sites([x])]  # fmt: skip
+        for site, side in own:
+            other = fb if side == "a" else fa
+            instead = first_collective(tuple(x.key for x, _ in other[d:]))
+            where = f"under {cond}" if side == "a" else f"where {cond} is false"
+            what = (f"the other ranks reach {instead} instead" if instead
+                    else "the other ranks issue no collective to match it")
+            self.report(site.node, "RDL101", f"{self.describe(site)} {where} ({why}): {what}")
+        definite = any(x.key[0] == "c" for f in (fa, fb) for x, mine in f[d:] if mine)
+        if (definite or own) and not leaving:
+            return  # the sides' own collectives are where the ranks part
+        # the ranks that leave (or whose own collectives may not run) skip what follows
+        fallers = [f for f, end in ((fa, end_a), (fb, end_b)) if end is None] or [fa, fb]
+        exit_node = _first_exit(inside)
+        left = (f"{exit_node.kind} at line {exit_node.node.lineno}" if exit_node
+                else "leave early")  # fmt: skip
+        for future in fallers:  # up to the first collective that surely runs
+            for x, mine in future[d:]:
+                if mine or not x.collective:
+                    continue
+                for site in sites([x])[: 1 if x.key[0] == "c" else None]:
+                    self.report(site.node, "RDL102",
+                                f"{self.describe(site)} is skipped by the ranks that {left} "
+                                f"under {cond} ({why})")  # fmt: skip
+                if x.key[0] == "c":
+                    break
+
+    def loop(self, node: Loop, frames: tuple, why: str) -> None:
+        body, _ = self.seq.atoms(node.body)
+        kind = "while" if isinstance(node.node, ast.While) else "for ... in"
+        for site in sites(body):
+            self.report(site.node, "RDL103",
+                        f"{self.describe(site)} in a loop whose trip count is rank-dependent: "
+                        f"`{kind} {node.text}` ({why})")
+        if any(isinstance(n, Exit) for n in _all_nodes(node.body)):
+            # a return or break inside: ranks that enter the loop and ranks that skip it
+            self.compare(node.body, (("loop", node), *frames), [], frames,
+                         f"`{kind} {node.text}`", why, node.body)
+
+    # -- what callers pass --------------------------------------------------------------
+
+    def callers(self, trees: dict[str, list]) -> None:
+        """Check each call of the package's functions against what it passes: a function
+        for a parameter called on some ranks only (``RDL104``), a rank-dependent value for
+        a parameter a branch depends on (the pending findings)."""
+        for _ in range(6):  # both travel up through parameters passed on
+            before = ({q: dict(o) for q, o in self.obligations.items()},
+                      {q: set(p) for q, p in self.pending.items()})  # fmt: skip
+            for qualname, tree in trees.items():
+                self.qualname, self.path = qualname, self.paths[qualname]
+                for call in _package_calls(tree):  # by their class, not a method's name
+                    self._passed_functions(call)
+                    self._passed_values(call)
+            if before == (self.obligations, {q: set(p) for q, p in self.pending.items()}):
+                break
+        for qualname, params in self.obligations.items():
+            for param, (ctx, call) in params.items():
+                if (qualname, param) not in self.passed:
+                    self.path = self.paths[qualname]
+                    name = qualname.rpartition(".")[2]
+                    self.report(call.node, "RDL201",
+                                f"cannot tell whether {call.text} issues a collective: "
+                                f"{param} is a parameter of {name}() and no call of it in the "
+                                f"analysed files says what it is; it runs only where "
+                                f"`{ctx.text}` ({since(ctx.origin)}): the harness's run-time "
+                                "check covers it")  # fmt: skip
+
+    def _passed_values(self, call: Call) -> None:
+        for target in call.targets:
+            for pending, message in list(self.pending.get(target, {}).items()):
+                bound = call.scope.bound_args(target, call.node)
+                for param in sorted(pending.params & bound.keys()):
+                    arg = bound[param]
+                    facts = call.scope.facts(arg)
+                    if not facts.rank and not facts.params:
+                        continue
+                    via = (f"through `{param}`, which {call.text} passes as `{_short(arg, 30)}` "
+                           f"at {self.path}:{call.node.lineno}")  # fmt: skip
+                    key = (pending.path, pending.line, pending.col, "RDL1")
+                    if facts.rank and key not in self.findings:
+                        self.findings[key] = Finding(
+                            pending.path, pending.line, pending.col, pending.code,
+                            message.replace(SINCE, f"{via}, {since(facts.rank)}"))
+                    elif facts.params:
+                        self.pending.setdefault(self.qualname, {}).setdefault(
+                            Pending(facts.params, pending.path, pending.line, pending.col,
+                                    pending.code), message.replace(SINCE, f"{via}, {SINCE}"))
+
+    def _passed_functions(self, call: Call) -> None:
+        for target in call.targets:
+            for param, (ctx, inner) in self.obligations.get(target, {}).items():
+                arg = call.scope.bound_args(target, call.node).get(param)
+                self.passed.add((target, param))
+                if arg is None or isinstance(arg, ast.Constant):
+                    continue
+                helper = f"{_short(call.node.func, 40)}()"
+                where = f"only where `{ctx.text}` ({self.paths[target]}:{inner.node.lineno})"
+                if isinstance(arg, ast.Name) and arg.id in call.scope.function.params:
+                    self.obligations.setdefault(self.qualname, {}).setdefault(arg.id, (ctx, inner))
+                    continue
+                functions = self._functions(call.scope, arg)
+                issued = [i for i in map(self.seq.issues, functions) if i]
+                if issued:
+                    self.report(arg, "RDL104",
+                                f"{_short(arg, 50)} issues {issued[0]}, and {helper} calls it "
+                                f"{where}: the other ranks never join it")  # fmt: skip
+                elif not functions:
+                    self.report(arg, "RDL201",
+                                f"cannot tell whether {_short(arg, 50)} issues a collective: "
+                                f"{helper} calls it {where}; the harness's run-time check "
+                                "covers it")  # fmt: skip
+
+
+    @staticmethod
+    def _functions(scope, arg: ast.expr) -> list[str]:
+        """The package functions an argument may be: a lambda, a function, a bound method."""
+        package = scope.package
+        dotted = scope.dotted(arg)
+        if dotted in package.functions:
+            return [dotted]
+        found = set(scope.facts(arg).functions)
+        if isinstance(arg, ast.Attribute):
+            receiver = scope.facts(arg.value)
+            if receiver.classes:
+                found |= set(package.methods_named(receiver.classes, arg.attr))
+        return sorted(found)
+
+
+# where a future leaves a loop's body, and where it leaves the loop (_without_idle_jumps)
+LOOP_END, LOOP_AFTER = Atom(("|",)), Atom(("||",))
+
+
+def _without_final_exit(atoms: list[Atom]) -> list[Atom]:
+    """A node list's atoms without the exit it ends in (its future goes on from there)."""
+    return atoms[:-1] if atoms and atoms[-1].key[0] == "x" else atoms
+
+
+def _same(x: Atom, y: Atom) -> bool:
+    """The same code: equal atoms written at the same places."""
+    return x.key == y.key and [id(s) for s in x.sites] == [id(s) for s in y.sites]
+
+
+def _without_idle_jumps(future: list[tuple[Atom, bool]]) -> list[tuple[Atom, bool]]:
+    """Drop a conditional ``break`` or ``continue`` that skips no collective (nothing that
+    communicates follows it in the loop's body or in its next iterations): whether it is taken
+    changes nothing. Then the loop-end markers go."""
+    kept = []
+    for i, (atom, own) in enumerate(future):
+        if atom is LOOP_END or atom is LOOP_AFTER:
+            continue
+        if not atom.collective and not atom.escapes and atom.key[0] != "x":
+            rest = [a for a, _ in future[i + 1 :]]
+            edge = next((j for j, a in enumerate(rest) if a is LOOP_AFTER), len(rest))
+            if not any(a.collective for a in rest[:edge]):
+                continue
+        kept.append((atom, own))
+    return kept
+
+
+def _all_nodes(nodes: list):
+    for node in nodes:
+        yield node
+        if isinstance(node, Branch):
+            yield from _all_nodes(node.a + node.b)
+        elif isinstance(node, Loop):
+            yield from _all_nodes(node.body + node.orelse)
+        elif isinstance(node, Try):
+            yield from _all_nodes(node.body + node.orelse + node.final +
+                                  [n for h in node.handlers for n in h])  # fmt: skip
+
+
+def _first_exit(nodes: list) -> Exit | None:
+    return next((n for n in _all_nodes(nodes) if isinstance(n, Exit)), None)
+
+
+def _package_calls(nodes: list):
+    for node in nodes:
+        if isinstance(node, Call) and node.kind == "package" and not node.guess:
+            yield node
+        elif isinstance(node, Branch):
+            yield from _package_calls(node.a + node.b)
+        elif isinstance(node, Loop):
+            yield from _package_calls(node.body + node.orelse)
+        elif isinstance(node, Try):
+            yield from _package_calls(node.body + node.orelse + node.final +
+                                      [n for h in node.handlers for n in h])  # fmt: skip

@@ -1,0 +1,21 @@
+"""Every process meets; the main process alone writes and prints."""
+
+from accelerate import Accelerator
+
+
+def accelerate_train(model, loader):
+    accelerator = Accelerator()
+    model, loader = accelerator.prepare(model, loader)
+    accelerator.wait_for_everyone()
+    accelerator.save_state("out")
+    metrics = accelerator.gather_for_metrics(model)
+    if accelerator.is_main_process:
+        accelerator.print(metrics)
+        accelerator.save(model, "model.pt")
+
+
+def lightning_hook(trainer, pl_module, t):
+    trainer.strategy.barrier()
+    gathered = pl_module.all_gather(t)
+    if trainer.is_global_zero:
+        print(gathered)

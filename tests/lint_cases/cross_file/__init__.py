@@ -1,0 +1,1 @@
+"""A package whose collective hides two calls away, in another module."""

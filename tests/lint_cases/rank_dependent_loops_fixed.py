@@ -1,0 +1,27 @@
+"""The trip count agreed on every rank; a plain sharded loader is fine too."""
+
+import torch
+import torch.distributed as dist
+
+
+def uneven_shards(items, world_size):
+    rank = dist.get_rank()
+    shard = items[rank::world_size]
+    steps = torch.tensor(len(shard))
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)  # every rank runs the same number of steps
+    for i in range(int(steps.item())):
+        dist.all_reduce(shard[i])
+
+
+def loader_loop(loader, model, optimizer):
+    for batch in loader:  # a DistributedSampler's loader: the same length on every rank
+        loss = model(batch)
+        dist.all_reduce(loss)
+        optimizer.step()
+
+
+def countdown(t):
+    left = dist.get_world_size()
+    while left > 0:
+        dist.barrier()
+        left -= 1

@@ -1,0 +1,122 @@
+"""The lint's three doors: the command, ``pytest --dist-lint`` and the flake8 plugin.
+
+The command prints one line per finding and exits 0 (nothing, or notes only), 1 (findings,
+or notes under ``--strict``) or 2 (a path that does not exist, a file that does not parse:
+one line naming it). Nothing it lints is imported or run.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = REPO / "tests" / "lint_cases"
+BAD, FIXED = CASES / "barrier_in_rank0_branch.py", CASES / "barrier_in_rank0_branch_fixed.py"
+NOTES = CASES / "cannot_tell.py"
+
+
+def lint(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "refddp.lint", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_findings_are_one_line_each_and_exit_1():
+    result = lint(BAD.relative_to(REPO), FIXED.relative_to(REPO))
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "tests/lint_cases/barrier_in_rank0_branch.py:10:9: RDL101 dist.barrier() under "
+        "`dist.get_rank() == 0` (rank-dependent since tests/lint_cases/barrier_in_rank0_branch"
+        ".py:8, `dist.get_rank()`): the other ranks issue no collective to match it"]
+    assert "1 finding(s), 0 note(s)" in result.stderr
+
+
+def test_clean_code_and_notes_alone_exit_0_and_strict_counts_notes():
+    assert lint(FIXED).returncode == 0
+    notes = lint(NOTES)
+    assert notes.returncode == 0 and len(notes.stdout.splitlines()) == 4
+    assert all(" RDL201 cannot tell whether " in line for line in notes.stdout.splitlines())
+    assert lint("--strict", NOTES).returncode == 1
+    assert lint("--no-notes", NOTES).stdout == ""
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda tmp: tmp / "missing.py", "missing.py: no such file or directory"),
+    (lambda tmp: tmp / "broken.py", "broken.py:1: cannot parse: "),
+])  # fmt: skip
+def test_a_bad_path_is_one_line_naming_it_and_exit_2(tmp_path, make, expected):
+    (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
+    result = lint(make(tmp_path))
+    assert result.returncode == 2
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_directories_are_searched_and_linted_as_one_package(tmp_path):
+    shutil.copytree(CASES / "cross_file", tmp_path / "pkg")
+    (tmp_path / "pkg" / ".hidden").mkdir()
+    (tmp_path / "pkg" / ".hidden" / "skipped.py").write_text("def f(:\n")
+    result = lint(tmp_path)
+    assert result.returncode == 1
+    assert [line.split(": ")[1].split()[0] for line in result.stdout.splitlines()] == [
+        "RDL101", "RDL101"]
+    assert all("/pkg/train.py:" in line for line in result.stdout.splitlines())
+
+
+def test_nothing_linted_is_imported_or_run(tmp_path):
+    planted = tmp_path / "side_effects.py"
+    planted.write_text("import pathlib\npathlib.Path(__file__).with_suffix('.ran').touch()\n"
+                       "raise SystemExit(3)\n")  # fmt: skip
+    assert lint(planted).returncode == 0
+    assert not planted.with_suffix(".ran").exists()
+
+
+def run_pytest(pytester, *args):
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *args,
+                                         timeout=240)  # fmt: skip
+
+
+def test_dist_lint_adds_one_item_per_file_failing_with_its_findings(pytester):
+    pytester.makepyfile(bad=BAD.read_text(), fixed=FIXED.read_text(), notes=NOTES.read_text(),
+                        test_plain="def test_plain():\n    assert True\n")  # fmt: skip
+    result = run_pytest(pytester, "--dist-lint", "bad.py", "--dist-lint", "fixed.py",
+                        "--dist-lint", "notes.py", "test_plain.py", "-rA")  # fmt: skip
+    result.assert_outcomes(passed=3, failed=1, warnings=4)
+    result.stdout.fnmatch_lines(["*bad.py:10:9: RDL101 dist.barrier() under*",
+                                 "*notes.py:13:9: RDL201 cannot tell whether callback()*",
+                                 "PASSED fixed.py::dist-lint", "PASSED notes.py::dist-lint",
+                                 "FAILED bad.py::dist-lint - bad.py:10:9: RDL101*"])  # fmt: skip
+
+
+def test_dist_lint_on_a_missing_path_is_a_usage_error(pytester):
+    result = run_pytest(pytester, "--dist-lint", "nowhere/")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dist-lint: nowhere/: no such file or directory*"])
+
+
+def test_the_flake8_entry_point_names_the_plugin():
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '[project.entry-points."flake8.extension"]\nRDL = "refddp.lint.flake8:Plugin"' in (
+        pyproject)
+    from refddp.lint.flake8 import Plugin
+
+    assert Plugin.name and Plugin.version
+    found = list(Plugin(compile(BAD.read_text(), "bad.py", "exec", 0x400), str(BAD)).run())
+    assert [(line, col, text.split()[0]) for line, col, text, _ in found] == [(10, 8, "RDL101")]
+
+
+def test_flake8_reports_rdl_codes_and_honours_noqa(tmp_path):
+    pytest.importorskip("flake8")
+    config = tmp_path / "flake8.ini"
+    config.write_text("[flake8:local-plugins]\nextension =\n    RDL = refddp.lint.flake8:Plugin\n")
+    shutil.copy(BAD, tmp_path / "bad.py")
+    (tmp_path / "silenced.py").write_text(BAD.read_text().replace(
+        "dist.barrier()", "dist.barrier()  # noqa: RDL101"))  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "flake8", "--config", str(config), "--select",
+                             "RDL", "bad.py", "silenced.py"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1
+    assert [line.split(" ")[:2] for line in result.stdout.splitlines()] == [
+        ["bad.py:10:9:", "RDL101"]]
