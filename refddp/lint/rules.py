@@ -165,7 +165,6 @@ class Rules:
         atoms, end = self.seq.atoms(nodes)
         atoms = _without_final_exit(atoms)
         out = [(a, True) for a in atoms] + [(a, False) for a in self.after(frames, end or "")]
-        out = _without_idle_jumps(out)
         while out and not out[-1][0].collective:
             out.pop()  # nothing that communicates follows: where it stops does not matter
         return out, end
@@ -183,13 +182,11 @@ class Rules:
                 out += _without_final_exit(atoms)
                 kind = end or ""
                 continue
-            out.append(LOOP_END)
             if kind != "break":
                 body, _ = self.seq.atoms(item.body)  # the loop's next iterations
                 if any(a.collective or a.escapes for a in body):
                     tag_key = ("rloop",) if item.rank else ("loop", item.text)
                     out.append(Atom.of((*tag_key, keys(body)), sites(body)))
-            out.append(LOOP_AFTER)
             kind = ""
         return out
 
@@ -345,10 +342,6 @@ class Rules:
         return sorted(found)
 
 
-# where a future leaves a loop's body, and where it leaves the loop (_without_idle_jumps)
-LOOP_END, LOOP_AFTER = Atom(("|",)), Atom(("||",))
-
-
 def _without_final_exit(atoms: list[Atom]) -> list[Atom]:
     """A node list's atoms without the exit it ends in (its future goes on from there)."""
     return atoms[:-1] if atoms and atoms[-1].key[0] == "x" else atoms
@@ -357,23 +350,6 @@ def _without_final_exit(atoms: list[Atom]) -> list[Atom]:
 def _same(x: Atom, y: Atom) -> bool:
     """The same code: equal atoms written at the same places."""
     return x.key == y.key and [id(s) for s in x.sites] == [id(s) for s in y.sites]
-
-
-def _without_idle_jumps(future: list[tuple[Atom, bool]]) -> list[tuple[Atom, bool]]:
-    """Drop a conditional ``break`` or ``continue`` that skips no collective (nothing that
-    communicates follows it in the loop's body or in its next iterations): whether it is taken
-    changes nothing. Then the loop-end markers go."""
-    kept = []
-    for i, (atom, own) in enumerate(future):
-        if atom is LOOP_END or atom is LOOP_AFTER:
-            continue
-        if not atom.collective and not atom.escapes and atom.key[0] != "x":
-            rest = [a for a, _ in future[i + 1 :]]
-            edge = next((j for j, a in enumerate(rest) if a is LOOP_AFTER), len(rest))
-            if not any(a.collective for a in rest[:edge]):
-                continue
-        kept.append((atom, own))
-    return kept
 
 
 def _all_nodes(nodes: list):

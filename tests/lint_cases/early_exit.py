@@ -32,3 +32,11 @@ def skip(batches, t):
         if rank > 0 and batch is None:
             continue
         dist.all_reduce(t)  # expect: RDL102
+
+
+def stop_early(t, steps):
+    for step in range(steps):
+        dist.all_reduce(t)  # expect: RDL102
+        if dist.get_rank() == 0 and step == 10:
+            break
+    dist.barrier()  # every rank gets here: not where they part

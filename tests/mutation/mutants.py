@@ -69,6 +69,18 @@ BATCHES = "refddp/objectives/batches.py"
 IMAGE_FOLDER = "refddp/image_folder.py"
 UNITTEST = "refddp/testing/unittest_case.py"
 
+LINT_RULES, LINT_IR = "refddp/lint/rules.py", "refddp/lint/ir.py"
+LINT_VALUES, LINT_FLOW = "refddp/lint/rank_values.py", "refddp/lint/dataflow.py"
+T_LINT = "tests/unit/test_lint_cases.py::test_the_lint_reports_exactly_the_planted_lines"
+T_LINT_PROPS = ("tests/unit/test_lint_properties.py::"
+                "test_the_lint_flags_a_collective_iff_the_ranks_can_disagree")
+T_LINT_CMD, T_LINT_SELF = "tests/unit/test_lint_commands.py", "tests/unit/test_no_collective_under_rank_branch.py"
+
+
+def lint_case(name: str) -> str:
+    return f"{T_LINT}[{name}]"
+
+
 MUTANTS = (
     Mutant(
         "sampler-ignores-epoch", "per-epoch reshuffle", DATA,
@@ -1468,5 +1480,147 @@ MUTANTS = (
         "restarted-ranks-read-the-last-attempt", "a node killed and started again rejoins",
         DIST, '    return dist.PrefixStore(f"refddp/attempt_{attempt}", store)', "    return store",
         ("tests/multiproc/test_faults.py::test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical",),
+    ),
+    Mutant(
+        "lint-rank-branch-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "                self.check(node, lambda why, n=node, h=here: self.branch(n, h, why))\n",
+        "                pass\n",
+        (lint_case("barrier_in_rank0_branch.py"), lint_case("ternary_and_short_circuit.py")),
+    ),
+    Mutant(
+        "lint-symmetric-sides-compared-as-written", "the lint passes code every rank runs alike", LINT_RULES,
+        "        if [x.key for x, _ in fa] == [y.key for y, _ in fb]:\n            return\n", "",
+        (lint_case("early_exit_fixed.py"), lint_case("symmetric_branches.py")),
+    ),
+    Mutant(
+        "lint-early-exit-ignored", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "        fallers = [f for f, end in ((fa, end_a), (fb, end_b)) if end is None] or [fa, fb]\n",
+        "        fallers = []\n",
+        (lint_case("early_exit.py"),),
+    ),
+    Mutant(
+        "lint-rank-loop-ignored", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "        for site in sites(body):\n            self.report(site.node, \"RDL103\",",
+        "        for site in ():\n            self.report(site.node, \"RDL103\",",
+        (lint_case("rank_dependent_loops.py"),),
+    ),
+    Mutant(
+        "lint-passed-functions-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "                issued = [i for i in map(self.seq.issues, functions) if i]\n",
+        "                issued = []\n",
+        (lint_case("rank0_helpers.py"),),
+    ),
+    Mutant(
+        "lint-callers-rank-dependent-values-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "                    if facts.rank and key not in self.findings:\n",
+        "                    if False:\n",
+        (lint_case("rank0_helpers.py"),),
+    ),
+    Mutant(
+        "lint-shared-end-blamed", "the lint passes code every rank runs alike", LINT_RULES,
+        "        if not leaving:\n            fa, fb = fa[: len(fa) - e], fb[: len(fb) - e]\n", "",
+        (lint_case("early_exit.py"), T_LINT_PROPS),
+    ),
+    Mutant(
+        "lint-unresolved-calls-silent", "notes for what the lint cannot see into", LINT_IR,
+        "            return Call(node, \"unknown\", what, scope,\n",
+        "            return None and Call(node, \"unknown\", what, scope,\n",
+        (lint_case("cannot_tell.py"),),
+    ),
+    Mutant(
+        "lint-rank0-helper-noted-not-checked", "the lint finds collectives only some ranks reach", LINT_IR,
+        "            return Call(node, \"param\", func.id, scope)  # checked where it is passed (rules.py)",
+        "            return Call(node, \"unknown\", func.id, scope, why=\"a parameter\")",
+        (lint_case("rank0_helpers.py"),
+         f"{T_LINT_SELF}::test_refddp_has_no_collective_that_only_some_ranks_reach"),
+    ),
+    Mutant(
+        "lint-ddp-backward-missed", "the lint finds collectives only some ranks reach", LINT_IR,
+        "        if method == \"backward\" and receiver.output:", "        if False:",
+        (lint_case("wrapped_models.py"),),
+    ),
+    Mutant(
+        "lint-launcher-variables-unknown", "the lint finds collectives only some ranks reach", LINT_VALUES,
+        "    \"RANK\", \"LOCAL_RANK\", \"GROUP_RANK\", \"ROLE_RANK\", \"NODE_RANK\", \"SLURM_PROCID\",",
+        "    \"GROUP_RANK\", \"ROLE_RANK\",",
+        (lint_case("launcher_variables.py"), lint_case("module_globals.py")),
+    ),
+    Mutant(
+        "lint-world-size-taken-for-a-rank", "the lint passes code every rank runs alike", LINT_VALUES,
+        "RANK_FUNCTIONS = frozenset({\"torch.distributed.get_rank\", ",
+        "RANK_FUNCTIONS = frozenset({\"torch.distributed.get_world_size\", \"torch.distributed.get_rank\", ",
+        (lint_case("launcher_variables_fixed.py"), lint_case("symmetric_branches.py")),
+    ),
+    Mutant(
+        "lint-text-taken-for-a-rank", "the lint passes code every rank runs alike", LINT_VALUES,
+        "            if _is_text(node.left) or _is_text(node.right):", "            if False:",
+        (lint_case("launcher_variables_fixed.py"),),
+    ),
+    Mutant(
+        "lint-set-test-taken-for-a-rank", "the lint passes code every rank runs alike", LINT_VALUES,
+        "            if self._is_set_test(node):", "            if False:",
+        (lint_case("module_globals_fixed.py"), lint_case("launcher_variables_fixed.py")),
+    ),
+    Mutant(
+        "lint-implicit-flow-ignored", "the lint finds collectives only some ranks reach", LINT_FLOW,
+        "            facts = scope.facts(node.value).ranked(pc)",
+        "            facts = scope.facts(node.value)",
+        (lint_case("implicit_flow.py"),),
+    ),
+    Mutant(
+        "lint-collective-output-stays-rank-dependent", "the lint passes code every rank runs alike", LINT_FLOW,
+        "            return {**env, first.id: replace(env[first.id], rank=None, params=frozenset())}",
+        "            return env",
+        (lint_case("implicit_flow_fixed.py"),),
+    ),
+    Mutant(
+        "lint-call-graph-ignored", "the lint finds collectives only some ranks reach", "refddp/lint/sequences.py",
+        "        if call.kind != \"package\" or call.guess:", "        if True:",
+        (lint_case("cross_file"), lint_case("module_globals.py")),
+    ),
+    Mutant(
+        "lint-returns-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/calls.py",
+        "            facts = self.package.returns.get(target, NOTHING)", "            facts = NOTHING",
+        (lint_case("all_reduce_under_main_process.py"),),
+    ),
+    Mutant(
+        "lint-attributes-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/calls.py",
+        "        return self.package.attribute(base.classes, name)", "        return NOTHING",
+        (lint_case("all_reduce_under_main_process.py"),),
+    ),
+    Mutant(
+        "lint-point-to-point-noted", "the lint passes code every rank runs alike", "refddp/lint/collectives.py",
+        "        if last in POINT_TO_POINT or last in NOT_COLLECTIVES:",
+        "        if last in NOT_COLLECTIVES:",
+        (lint_case("point_to_point.py"), lint_case("point_to_point_fixed.py")),
+    ),
+    Mutant(
+        "lint-suppression-ignored", "a finding silenced on its line", "refddp/lint/findings.py",
+        "    return codes is None or finding.code in {c.strip() for c in codes.split(\",\")}",
+        "    return False",
+        (lint_case("suppressed.py"), lint_case("cannot_tell_fixed.py")),
+    ),
+    Mutant(
+        "lint-notes-fail-the-run", "the lint's exit status", "refddp/lint/__main__.py",
+        "    counted = [f for f in findings if args.strict or not f.is_note]",
+        "    counted = findings",
+        (f"{T_LINT_CMD}::test_clean_code_and_notes_alone_exit_0_and_strict_counts_notes",),
+    ),
+    Mutant(
+        "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
+        "    except LintUsageError as exc:", "    except ZeroDivisionError as exc:",
+        (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
+    ),
+    Mutant(
+        "dist-lint-items-pass-whatever-the-findings", "pytest --dist-lint",
+        "refddp/lint/pytest_items.py",
+        "            mine = [f for f in findings if f.path == module.display]", "            mine = []",
+        (f"{T_LINT_CMD}::test_dist_lint_adds_one_item_per_file_failing_with_its_findings",),
+    ),
+    Mutant(
+        "flake8-plugin-reports-nothing", "the flake8 plugin", "refddp/lint/flake8.py",
+        "            yield finding.line, finding.col, f\"{finding.code} {finding.message}\", type(self)",
+        "            pass",
+        (f"{T_LINT_CMD}::test_the_flake8_entry_point_names_the_plugin",),
     ),
 )
