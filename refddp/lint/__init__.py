@@ -15,21 +15,20 @@ leaves to the harness's run-time check (docs/harness.md).
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from refddp.lint.calls import Package
 from refddp.lint.dataflow import Flow
 from refddp.lint.findings import CODES, Finding, suppressed
+from refddp.lint.fixpoint import Fixpoint
 from refddp.lint.ir import Builder
 from refddp.lint.rules import Rules
 from refddp.lint.sequences import Sequences
-from refddp.lint.sources import LintUsageError, Module, load, parse
+from refddp.lint.sources import LintUsageError, Module, from_tree, load
 
 __all__ = ["CODES", "Analysis", "Finding", "LintUsageError", "analyse", "findings",
-           "lint_paths", "lint_modules"]  # fmt: skip
-
-MAX_ROUNDS = 20  # passes until what functions return, attributes and parameters hold settle
-
+           "lint_modules", "lint_paths", "lint_source"]  # fmt: skip
 
 @dataclass
 class Analysis:
@@ -45,54 +44,11 @@ class Analysis:
         return self.sequences.issues(qualname)
 
 
-def _changed(old: dict, new: dict) -> set:
-    return {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
-
-
-def _learn(package: Package, flows: dict[str, Flow]) -> set:
-    """Fold the latest pass of every function into the package's facts; what changed."""
-    returns = {q: f.returns for q, f in flows.items()}
-    attributes: dict = {}
-    params: dict = {}
-    for flow in flows.values():
-        for key, facts in flow.attributes.items():
-            attributes[key] = attributes[key] | facts if key in attributes else facts
-        for target, given in flow.param_facts.items():
-            known = params.setdefault(target, {})
-            for param, facts in given.items():
-                known[param] = known[param] | facts if param in known else facts
-    globals_ = {f.function.module.name: f.final for q, f in flows.items()
-                if q.endswith(".<module>")}  # fmt: skip
-    final_env = {q: f.final for q, f in flows.items()}
-    changed = ({("ret", q) for q in _changed(package.returns, returns)}
-               | {("attr", name) for _, name in _changed(package.attributes, attributes)}
-               | {("param", q) for q in _changed(package.param_facts, params)}
-               | {("glob", m) for m in _changed(package.globals, globals_)}
-               | {("env", q) for q in _changed(package.final_env, final_env)})  # fmt: skip
-    package.returns, package.attributes, package.param_facts = returns, attributes, params
-    package.globals, package.final_env = globals_, final_env
-    return changed
-
-
 def analyse(modules: list[Module]) -> Analysis:
-    """Index, follow the facts to a fixed point, and build every function's tree.
-
-    The first pass runs every function; each later one only those that read a fact the pass
-    before changed (what a callee returns, an attribute, a global, a parameter)."""
+    """Index, follow the facts to a fixed point (``fixpoint.py``), build every function's
+    tree."""
     package = Package(modules)
-    flows = {q: Flow(package, f).run() for q, f in package.functions.items()}
-    rerun = set(package.functions)
-    for package.rounds in range(1, MAX_ROUNDS + 1):
-        changed = _learn(package, flows)
-        readers: dict = {}
-        for q, flow in flows.items():
-            for key in flow.reads:
-                readers.setdefault(key, set()).add(q)
-        rerun = {q for key in changed for q in readers.get(key, ())}
-        if not rerun:
-            break
-        for q in rerun:
-            flows[q] = Flow(package, package.functions[q]).run()
+    flows = Fixpoint(package).run()
     trees = {q: Builder(package.functions[q], flow).build() for q, flow in flows.items()}
     return Analysis(package, flows, trees, Sequences(trees))
 
@@ -119,16 +75,5 @@ def lint_paths(paths: list[str]) -> list[Finding]:
 
 
 def lint_source(source: str, path: str = "<source>") -> list[Finding]:
-    """Lint one file's text, alone (what the flake8 plugin and the tests use)."""
-    import ast
-    from pathlib import Path
-
-    module = Module(Path(path).stem or "source", Path(path), path, ast.parse(source, path),
-                    source.splitlines())  # fmt: skip
-    from refddp.lint.sources import import_aliases
-
-    module.aliases = import_aliases(module.tree, "")
-    return lint_modules([module])
-
-
-del parse  # re-exported names only above
+    """Lint one file's text, alone."""
+    return lint_modules([from_tree(ast.parse(source, path), path, source.splitlines())])

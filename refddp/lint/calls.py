@@ -2,22 +2,20 @@
 
 Every ``def`` (methods and nested functions included), every ``lambda`` and each module's
 top-level code is a ``Function``, named by a qualified name (``pkg.mod.Class.method``,
-``pkg.mod.<module>``, ``pkg.mod.<lambda>:12:8``). ``Package`` resolves a name through the
-file's imports to one of them or to a library (``dotted``), and holds what the fixed point of
-``dataflow.py`` learns about them across files: what each function returns, what the package
-assigns to each attribute name, each module's globals, what callers pass to each parameter.
-``Scope`` answers the expression evaluator's questions (``rank_values.Resolver``) from inside
-one function.
+``pkg.mod.<module>``, ``pkg.mod.<lambda>:12:8``). ``Package`` resolves a module-level name
+through the file's imports to one of them or to a library, and holds what the passes of
+``dataflow.py`` learn about them across files (``fixpoint.py``): what each function returns,
+what the package assigns to each attribute of each class, each module's globals, what callers
+pass to each parameter. From inside one function, ``scope.py`` resolves the rest.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from refddp.lint.collectives import COLLECTIVE_LIBRARIES, DDP, FSDP1, FULLY_SHARD
-from refddp.lint.rank_values import NOTHING, Evaluator, Facts, Resolver
+from refddp.lint.rank_values import NOTHING, Facts
 from refddp.lint.sources import Module
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.Module
@@ -64,28 +62,6 @@ def _params(node: FunctionNode) -> list[str]:
                             *a.kwonlyargs, *([a.kwarg] if a.kwarg else [])]]  # fmt: skip
 
 
-def _bound_names(body: list[ast.stmt]) -> tuple[set[str], set[str]]:
-    """Names a body binds (not looking into nested defs, lambdas or classes), and its globals."""
-    names: set[str] = set()
-    declared: set[str] = set()
-    stack: list[ast.AST] = list(body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-            continue
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Global):
-            declared.update(node.names)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            names.add(node.id)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
-        stack.extend(ast.iter_child_nodes(node))
-    return names - declared, declared
-
-
 class Package:
     """Every function and class of the analysed files, and the facts learnt about them."""
 
@@ -105,6 +81,7 @@ class Package:
         self.param_facts: dict[str, dict[str, Facts]] = {}
         self.final_env: dict[str, dict[str, Facts]] = {}  # each function's names, all assignments
         self.statement_calls: dict[int, list[ast.Call]] = {}  # the calls each statement makes
+        self.returns_early: dict[int, bool] = {}  # an `if` holds a return or raise
         for module in self.modules.values():
             self._index_body(module, module.tree, f"{module.name}.<module>", None, None)
         self._family: dict[str, frozenset[str]] = {}
@@ -113,19 +90,29 @@ class Package:
                     cls: str | None, parent: Function | None) -> Function:  # fmt: skip
         body = node.body if not isinstance(node, ast.Lambda) else [ast.Expr(node.body)]
         function = Function(qualname, module, node, cls, parent, _params(node))
-        function.assigned, function.global_names = _bound_names(body)
-        function.assigned |= set(function.params)
         self.functions[qualname] = function
         prefix = qualname.removesuffix(".<module>") if isinstance(node, ast.Module) else (
             f"{qualname}.<locals>")
         self._index_children(module, body, prefix, function)
+        function.assigned = (function.assigned - function.global_names) | set(function.params)
         return function
 
     def _index_children(self, module: Module, body: list[ast.stmt], prefix: str,
                         function: Function, cls: str | None = None) -> None:  # fmt: skip
+        """Index the defs, classes and lambdas in ``body``; outside a class body, note the
+        names it binds (its locals) and declares global."""
         stack: list[ast.AST] = list(body)
         while stack:
             node = stack.pop()
+            if cls is None:
+                if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                    function.assigned.add(node.id)
+                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    function.assigned.add(node.name)
+                elif isinstance(node, ast.ExceptHandler) and node.name:
+                    function.assigned.add(node.name)
+                elif isinstance(node, ast.Global):
+                    function.global_names.update(node.names)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 name = f"{prefix}.{node.name}"
                 stack.extend(d for d in [*node.decorator_list, *node.args.defaults,
@@ -234,176 +221,3 @@ class Package:
             for member in self.family(cls):
                 result = result | self.attributes.get((member, name), NOTHING)
         return result
-
-
-def library_of(dotted: str | None) -> str | None:
-    """The library a dotted name is in, for objects it makes: one of the libraries whose
-    methods may communicate ('accelerate', 'torch.distributed', 'lightning'...), or 'library'
-    for any other (its methods are taken to issue no collective)."""
-    if not dotted or dotted.startswith("builtins."):
-        return None
-    for lib in COLLECTIVE_LIBRARIES:
-        if dotted == lib or dotted.startswith(lib + "."):
-            return lib
-    return "library"
-
-
-class Scope(Resolver):
-    """Name resolution from inside one function (``rank_values.Resolver``)."""
-
-    def __init__(self, package: Package, function: Function, env: dict[str, Facts],
-                 reads: set | None = None):  # fmt: skip
-        self.package, self.function = package, function
-        self.evaluator = Evaluator(function.module.display, env, self)
-        # what the package's facts this function's analysis read: rerun it when they change
-        self.reads = reads if reads is not None else set()
-
-    def facts(self, expr: ast.expr) -> Facts:
-        return self.evaluator.facts(expr)
-
-    def is_local(self, name: str) -> bool:
-        return name in self.function.assigned and name not in self.function.nested
-
-    def dotted(self, expr: ast.expr) -> str | None:
-        if isinstance(expr, ast.Name):
-            scope: Function | None = self.function
-            while scope is not None and not isinstance(scope.node, ast.Module):
-                if expr.id in scope.nested:
-                    return scope.nested[expr.id]
-                if expr.id in scope.assigned:
-                    return None
-                scope = scope.parent
-            module = self.function.module
-            self.reads.add(("glob", module.name))
-            if expr.id in self.package.globals.get(module.name, {}) and \
-                    not self.package.in_package(f"{module.name}.{expr.id}"):  # fmt: skip
-                return None  # a module global variable
-            return self.package.module_level(module, expr.id)
-        if isinstance(expr, ast.Attribute):
-            base = self.dotted(expr.value)
-            if base is None or base.startswith("builtins."):
-                return None
-            if base in self.package.functions:
-                return None  # an attribute of a function object
-            return self.package.canonical(f"{base}.{expr.attr}")
-        return None
-
-    def global_facts(self, name: str) -> Facts:
-        scope = self.function.parent
-        while scope is not None:  # a closure's free name: the enclosing function's
-            self.reads.add(("env", scope.qualname))
-            env = self.package.final_env.get(scope.qualname, {})
-            if name in env:
-                return env[name]
-            scope = scope.parent
-        module = self.function.module
-        self.reads.add(("glob", module.name))
-        found = self.package.globals.get(module.name, {}).get(name)
-        if found is not None:
-            return found
-        dotted = self.package.module_level(module, name)
-        if dotted in self.package.functions:
-            return Facts(functions=frozenset({dotted}))
-        if dotted and dotted in self.package.modules:
-            return NOTHING
-        if dotted and dotted.rpartition(".")[0] in self.package.modules:
-            owner = dotted.rpartition(".")[0]  # a global imported from another module
-            self.reads.add(("glob", owner))
-            return self.package.globals.get(owner, {}).get(dotted.rpartition(".")[2], NOTHING)
-        return NOTHING
-
-    def lambda_facts(self, node: ast.Lambda) -> Facts:
-        return Facts(functions=frozenset({self.package.lambdas[id(node)]}))
-
-    def returned(self, targets: list[str], call: ast.Call) -> Facts:
-        """What calling ``targets`` gives, the parameters their results derive from replaced
-        by what this call passes."""
-        result = NOTHING
-        for target in targets:
-            self.reads.add(("ret", target))
-            facts = self.package.returns.get(target, NOTHING)
-            if facts.params:
-                bound = self.bound_args(target, call)
-                for param in facts.params:
-                    if param in bound:
-                        result = result | self.facts(bound[param])
-                facts = replace(facts, params=frozenset())
-            result = result | facts
-        return result
-
-    def call_facts(self, call: ast.Call, callee: Facts, dotted: str | None,
-                   args: list[Facts]) -> Facts:  # fmt: skip
-        package = self.package
-        if dotted is not None:
-            if dotted in package.functions:
-                return self.returned([dotted], call)
-            if dotted in package.classes:
-                return Facts(classes=frozenset({dotted}))
-            if dotted in DDP:
-                return Facts(wrapped="DDP")
-            if dotted in FSDP1 or dotted in FULLY_SHARD:
-                return Facts(wrapped="FSDP")
-            if dotted == "functools.partial" and args:
-                return Facts(functions=args[0].functions)
-            if dotted == "builtins.super" and self.function.cls:
-                return Facts(classes=frozenset(package.bases(self.function.cls)))
-            return Facts(library=library_of(dotted))
-        if callee.functions:
-            return self.returned(sorted(callee.functions), call)
-        if callee.classes and isinstance(call.func, ast.Name):
-            return Facts(classes=callee.classes)  # cls(...): an instance
-        if not isinstance(call.func, ast.Attribute):
-            return NOTHING
-        method = call.func.attr
-        receiver = self.facts(call.func.value)
-        if receiver.library == "accelerate" and method == "prepare":
-            return Facts(wrapped="DDP", library="accelerate")
-        if receiver.classes:
-            return self.returned(package.methods_named(receiver.classes, method), call)
-        if receiver.library:
-            return Facts(library=receiver.library)
-        return NOTHING
-
-    def attribute_facts(self, base: Facts, name: str) -> Facts:
-        if not base.classes:
-            return NOTHING
-        self.reads.add(("attr", name))
-        return self.package.attribute(base.classes, name)
-
-    def targets(self, call: ast.Call) -> tuple[list[str], bool]:
-        """The package functions ``call`` may run, and whether the list is a guess by a
-        method's name alone (the object's class unknown)."""
-        package, func = self.package, call.func
-        dotted = self.dotted(func)
-        if dotted in package.functions:
-            return [dotted], False
-        if dotted in package.classes:
-            return package.constructor(dotted), False
-        if dotted is not None:
-            return [], False
-        callee = self.facts(func)
-        if callee.functions:
-            return sorted(callee.functions), False
-        if not isinstance(func, ast.Attribute):
-            return [], False
-        receiver = self.facts(func.value)
-        if receiver.classes:
-            return package.methods_named(receiver.classes, func.attr), False
-        if receiver.library or receiver.wrapped:
-            return [], False
-        return list(package.methods_by_name.get(func.attr, [])), True
-
-    def bound_args(self, target: str, call: ast.Call) -> dict[str, ast.expr]:
-        """Which argument expression of ``call`` each parameter of ``target`` receives."""
-        function = self.package.functions[target]
-        shift = 1 if function.is_method and (isinstance(call.func, ast.Attribute) or
-                                             function.short.endswith(".__init__")) else 0
-        bound: dict[str, ast.expr] = {}
-        for i, arg in enumerate(call.args):
-            if isinstance(arg, ast.Starred) or i + shift >= len(function.params):
-                break
-            bound[function.params[i + shift]] = arg
-        for keyword in call.keywords:
-            if keyword.arg in function.params:
-                bound[keyword.arg] = keyword.value
-        return bound

@@ -122,6 +122,14 @@ SAFE_METHODS = frozenset("""
     save_pretrained push_to_hub upload_folder upload_file create_repo
 """.split())  # fmt: skip
 
+# Methods of torch.distributed's objects that do not communicate: a Work handle's wait (the
+# collective was issued when it was made), a store's keys, a group's or a mesh's queries.
+DIST_OBJECT_METHODS = frozenset({
+    "wait", "is_completed", "is_success", "get_future", "result", "exception", "synchronize",
+    "source_rank", "size", "rank", "name", "group_name", "get_group", "get_local_rank",
+    "get_rank", "get_coordinate", "to_local", "set", "get", "add", "compare_set", "check",
+    "delete_key", "num_keys", "set_timeout", "placements", "device_mesh",
+})  # fmt: skip
 EXITS = {"sys.exit", "os._exit", "exit", "quit", "builtins.exit", "builtins.quit"}
 SAFE_BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_")) - {
     "exit", "quit", "eval", "exec", "getattr", "callable"}  # fmt: skip

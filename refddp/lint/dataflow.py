@@ -19,9 +19,10 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
-from refddp.lint.calls import Function, Package, Scope
+from refddp.lint.calls import Function, Package
 from refddp.lint.collectives import FULLY_SHARD
 from refddp.lint.rank_values import HELPER, NOTHING, RANK_NAMES, Facts, Origin
+from refddp.lint.scope import Scope
 
 Env = dict[str, Facts]
 # Collectives whose first argument comes out the same on every rank.
@@ -135,6 +136,10 @@ class Flow:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if isinstance(node, ast.AugAssign):
                 facts = facts | scope.facts(node.target)
+            if len(targets) == 1 and _pairs(targets[0], node.value):  # a, b = x, y
+                for target, value in zip(targets[0].elts, node.value.elts, strict=True):
+                    env = self.bind(target, scope.facts(value).ranked(pc), env)
+                return env
             for target in targets:
                 if isinstance(target, ast.Attribute):  # explicit flows only
                     facts_here = scope.facts(node.value)
@@ -154,7 +159,10 @@ class Flow:
             test = scope.facts(node.test).rank
             inner = pc or test
             after = join(self.block(node.body, env, inner), self.block(node.orelse, env, inner))
-            if test and returns_early(node):
+            early = self.package.returns_early
+            if test and id(node) not in early:
+                early[id(node)] = returns_early(node)
+            if test and early[id(node)]:
                 self.rest_pc = self.rest_pc or test
             return after
         if isinstance(node, ast.For | ast.AsyncFor):
@@ -231,6 +239,13 @@ class Flow:
                     if facts != NOTHING:
                         known = self.param_facts.setdefault(target, {})
                         known[param] = known.get(param, NOTHING) | facts
+
+
+def _pairs(target: ast.expr, value: ast.expr) -> bool:
+    """``a, b = x, y``: each name gets its own value."""
+    return (isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List)
+            and len(target.elts) == len(value.elts)
+            and not any(isinstance(e, ast.Starred) for e in [*target.elts, *value.elts]))
 
 
 def _calls_in(node: ast.AST):

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from refddp.lint import lint_modules
-from refddp.lint.sources import Module, import_aliases
+from refddp.lint.sources import from_tree
 
 
 class Plugin:
@@ -29,15 +29,12 @@ class Plugin:
         self.lines = lines
 
     def run(self) -> Iterator[tuple[int, int, str, type]]:
-        path = Path(self.filename)
         lines = self.lines
         if lines is None:
             try:
-                lines = path.read_text().splitlines()
+                lines = Path(self.filename).read_text().splitlines()
             except OSError:
                 lines = []
-        module = Module(path.stem or "stdin", path, self.filename, self.tree,
-                        [line.rstrip("\n") for line in lines])  # fmt: skip
-        module.aliases = import_aliases(self.tree, "")
+        module = from_tree(self.tree, self.filename, [line.rstrip("\n") for line in lines])
         for finding in lint_modules([module]):
             yield finding.line, finding.col, f"{finding.code} {finding.message}", type(self)

@@ -18,9 +18,10 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from refddp.lint.calls import Function, Scope
+from refddp.lint.calls import Function
 from refddp.lint.collectives import (
     COLLECTIVE_LIBRARIES,
+    DIST_OBJECT_METHODS,
     EXITS,
     SAFE_METHODS,
     Verdict,
@@ -29,6 +30,7 @@ from refddp.lint.collectives import (
 )
 from refddp.lint.dataflow import Flow
 from refddp.lint.rank_values import NOTHING, Origin
+from refddp.lint.scope import Scope
 
 # Decorators that run a function on the main process only (Lightning, Accelerate, others).
 RANK_ONLY_DECORATOR = re.compile(r"^(rank_zero_only|rank0_only|on_main_process|"
@@ -47,10 +49,11 @@ class Call:
     targets: tuple[str, ...] = ()
     guess: bool = False  # targets found by a method's name alone
     why: str = ""
+    group: str | None = None  # a collective on a subgroup (``group=evens``): its members' alone
 
     @property
     def text(self) -> str:
-        return _short(self.node)
+        return shown(self.node)
 
 
 @dataclass(eq=False)
@@ -67,6 +70,7 @@ class Branch:
     a: list = field(default_factory=list)
     b: list = field(default_factory=list)
     params: frozenset[str] = frozenset()  # the function's parameters the condition depends on
+    membership: bool = False  # the condition tests membership (`rank in members`)
 
 
 @dataclass(eq=False)
@@ -87,7 +91,7 @@ class Try:
     final: list
 
 
-def _short(node: ast.AST, limit: int = 60) -> str:
+def shown(node: ast.AST, limit: int = 60) -> str:
     text = " ".join(ast.unparse(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -110,8 +114,8 @@ class Builder:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
             if RANK_ONLY_DECORATOR.match(name):
-                origin = Origin(self.function.module.display, decorator.lineno, _short(decorator))
-                body = [Branch(decorator, "@" + _short(decorator), origin, body, [])]
+                origin = Origin(self.function.module.display, decorator.lineno, shown(decorator))
+                body = [Branch(decorator, "@" + shown(decorator), origin, body, [])]
         return body
 
     def _lambda_env(self) -> dict:
@@ -131,18 +135,19 @@ class Builder:
         self.scope = scope
         if isinstance(node, ast.If):
             rank, params = self.depends(node.test)
-            return [*self.expr(node.test), Branch(node, _short(node.test), rank,
+            return [*self.expr(node.test), Branch(node, shown(node.test), rank,
                                                   self.block(node.body, in_try),
-                                                  self.block(node.orelse, in_try), params)]
-        if isinstance(node, ast.For | ast.AsyncFor):
-            rank, params = self.depends(node.iter)
-            return [*self.expr(node.iter), Loop(node, _short(node.iter), rank,
+                                                  self.block(node.orelse, in_try), params,
+                                                  _membership(node.test))]  # fmt: skip
+        if isinstance(node, ast.For | ast.AsyncFor):  # its trip count: the iterable's length
+            rank, params = self.depends(node.iter, length=True)
+            return [*self.expr(node.iter), Loop(node, shown(node.iter), rank,
                                                 self.block(node.body, in_try),
                                                 self.block(node.orelse, in_try), params)]
         if isinstance(node, ast.While):
             rank, params = self.depends(node.test)
             test = self.expr(node.test)
-            return [*test, Loop(node, _short(node.test), rank,
+            return [*test, Loop(node, shown(node.test), rank,
                                 self.block(node.body, in_try) + test,
                                 self.block(node.orelse, in_try), params)]  # fmt: skip
         if isinstance(node, ast.Return):
@@ -169,8 +174,8 @@ class Builder:
             rank, params = self.depends(node.subject)
             chain: list = []
             for case in reversed(node.cases):
-                chain = [Branch(case, f"match {_short(node.subject)}: case "
-                                f"{_short(case.pattern)}", rank, self.block(case.body, in_try),
+                chain = [Branch(case, f"match {shown(node.subject)}: case "
+                                f"{shown(case.pattern)}", rank, self.block(case.body, in_try),
                                 chain, params)]  # fmt: skip
             return [*self.expr(node.subject), *chain]
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -178,8 +183,10 @@ class Builder:
         return [n for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)
                 for n in self.expr(child)]  # fmt: skip
 
-    def depends(self, node: ast.expr) -> tuple[Origin | None, frozenset[str]]:
+    def depends(self, node: ast.expr, length: bool = False) -> tuple[Origin | None, frozenset]:
         facts = self.scope.facts(node)
+        if length and facts.sized:
+            return None, frozenset()
         return facts.rank, frozenset() if facts.rank else facts.params
 
     def expr(self, node: ast.expr | None) -> list:
@@ -194,7 +201,8 @@ class Builder:
         if isinstance(node, ast.IfExp):
             rank, params = self.depends(node.test)
             a, b = self.expr(node.body), self.expr(node.orelse)
-            branch = [Branch(node, _short(node.test), rank, a, b, params)] if a or b else []
+            branch = [Branch(node, shown(node.test), rank, a, b, params,
+                             _membership(node.test))] if a or b else []  # fmt: skip
             return self.expr(node.test) + branch
         if isinstance(node, ast.BoolOp):
             nodes = self.expr(node.values[0])
@@ -202,18 +210,19 @@ class Builder:
                 inner = self.expr(value)
                 if inner:
                     rank, params = self.depends(previous)
-                    nodes.append(Branch(node, _short(previous), rank, inner, [], params))
+                    nodes.append(Branch(node, shown(previous), rank, inner, [], params,
+                                        _membership(previous)))  # fmt: skip
             return nodes
         if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
             generators = node.generators
             body = [n for g in generators for c in g.ifs for n in self.expr(c)]
             elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
             body += [n for e in elements for n in self.expr(e)]
-            deps = [self.depends(g.iter) for g in generators]
+            deps = [self.depends(g.iter, length=True) for g in generators]
             rank = next((r for r, _ in deps if r), None)
             params = frozenset() if rank else frozenset().union(*(p for _, p in deps))
             iters = [n for g in generators for n in self.expr(g.iter)]
-            return iters + ([Loop(node, _short(generators[0].iter), rank, body, [], params)]
+            return iters + ([Loop(node, shown(generators[0].iter), rank, body, [], params)]
                             if body else [])  # fmt: skip
         return [n for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)
                 for n in self.expr(child)]  # fmt: skip
@@ -235,7 +244,7 @@ class Builder:
             if verdict is not None:
                 return self._verdict(node, verdict)
         if targets:
-            name = _short(func, 40)
+            name = shown(func, 40)
             return Call(node, "package", name, scope, tuple(targets), guess)
         if dotted is not None:
             if dotted.startswith("builtins."):
@@ -245,46 +254,67 @@ class Builder:
                 return self._backward(node)
             return self._verdict(node, library_call(dotted))
         if method is None:
-            what = f"{_short(func, 40)}()" if isinstance(func, ast.Name) else _short(node, 40)
+            what = f"{shown(func, 40)}()" if isinstance(func, ast.Name) else shown(node, 40)
             return Call(node, "unknown", what, scope,
-                        why=f"a call through {_short(func, 40)}, which the lint cannot resolve")
+                        why=f"a call through {shown(func, 40)}, which the lint cannot resolve")
         receiver = scope.facts(func.value)
         if method == "backward" and receiver.output:
             return None if self.no_sync else self._backward(node)
         if receiver.wrapped == "FSDP" and method == "state_dict":
-            return Call(node, "maybe", f"{_short(func, 40)}()", scope,
+            return Call(node, "maybe", f"{shown(func, 40)}()", scope,
                         why="an FSDP model's state_dict() gathers parameters")
-        library = receiver.library or ("accelerate" if _short(func.value).endswith(
+        library = receiver.library or ("accelerate" if shown(func.value).endswith(
             "accelerator") else None)  # fmt: skip
         verdict = method_call(method, library, _keywords(node))
         if verdict is not None:
             return self._verdict(node, verdict)
+        if library == "torch.distributed" and method in DIST_OBJECT_METHODS:
+            return None
         if library in COLLECTIVE_LIBRARIES and method not in SAFE_METHODS:
-            return Call(node, "unknown", f"{_short(func, 40)}()", scope,
+            return Call(node, "unknown", f"{shown(func, 40)}()", scope,
                         why=f"{library}'s {method}() is not in the lint's tables")
         if library or receiver.classes or receiver.wrapped or method in SAFE_METHODS:
             return None
-        return Call(node, "unknown", f"{_short(func, 40)}()", scope,
-                    why=f"the lint cannot tell what {_short(func.value, 40)} is")
+        return Call(node, "unknown", f"{shown(func, 40)}()", scope,
+                    why=f"the lint cannot tell what {shown(func.value, 40)} is")
 
     def _verdict(self, node: ast.Call, verdict: Verdict) -> Call | Exit | None:
         if verdict.kind == "exit":
             return Exit(node, "exit")
         if verdict.kind == "safe":
             return None
-        return Call(node, verdict.kind, verdict.name, self.scope, why=verdict.why)
+        group = _subgroup(node) if verdict.kind == "collective" else None
+        return Call(node, verdict.kind, verdict.name, self.scope, why=verdict.why, group=group)
 
     def _forward(self, node: ast.Call, wrapped: str) -> Call:
         if wrapped == "FSDP":
             return Call(node, "collective", "FSDP forward", self.scope,
                         why="an FSDP forward all-gathers the parameters")
-        return Call(node, "maybe", f"{_short(node.func, 40)}(...)", self.scope,
+        return Call(node, "maybe", f"{shown(node.func, 40)}(...)", self.scope,
                     why="a DDP forward broadcasts the module's buffers when it has any "
                     "(broadcast_buffers=True)")
 
     def _backward(self, node: ast.Call) -> Call:
         return Call(node, "collective", "DDP backward", self.scope,
                     why="the backward of a DDP or FSDP model's loss all-reduces the gradients")
+
+
+def _membership(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn)
+                                                  for op in n.ops) for n in ast.walk(test))
+
+
+def _subgroup(node: ast.Call) -> str | None:
+    """The group a collective names, unless it is the whole world (``group=None``,
+    ``dist.group.WORLD``): a subgroup's collective is for its members alone, so a test of
+    membership around it is how one writes it (rules.py makes that a note)."""
+    for keyword in node.keywords:
+        if keyword.arg in ("group", "process_group", "pg"):
+            text = shown(keyword.value, 40)
+            if isinstance(keyword.value, ast.Constant) or text.endswith("WORLD"):
+                return None
+            return f"`{text}`"
+    return None
 
 
 def _keywords(node: ast.Call) -> dict[str, object]:

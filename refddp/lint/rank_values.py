@@ -53,7 +53,8 @@ HELPER = re.compile(r"^(is_(main|master|local_master|main_process|local_main(_pr
 CONVERSIONS = frozenset({"int", "float", "bool", "abs", "len", "range", "min", "max", "round",
                          "sum", "list", "tuple", "set", "sorted", "reversed", "enumerate",
                          "zip", "any", "all", "divmod", "pow", "hash", "iter", "next"})
-WRAPPED_ENV = ("DDP", "FSDP")
+# conversions that keep their argument's length: over a list the same length on every rank
+SIZE_KEEPING = frozenset({"enumerate", "zip", "reversed", "sorted", "list", "tuple", "iter"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,11 @@ class Origin:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}"
+
+
+def since(origin: Origin) -> str:
+    """How a finding says where its condition became rank-dependent."""
+    return f"rank-dependent since {origin}, `{origin.text}`"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +87,30 @@ class Facts:
     library: str | None = None  # the (top-level) library that made this object
     classes: frozenset[str] = field(default_factory=frozenset)  # package classes it may be
     functions: frozenset[str] = field(default_factory=frozenset)  # package functions it may be
+    # a container whose contents may differ between ranks but whose length does not (a list
+    # literal, a comprehension over a uniform range): a loop over it runs as often everywhere
+    sized: bool = False
+
+    @property
+    def varies(self) -> bool:
+        return self.rank is not None or bool(self.params)
+
+    @property
+    def same_length(self) -> bool:
+        """As long on every rank (a length from a parameter counts: its callers are the
+        loop's business, where it loops over the parameter itself)."""
+        return self.sized or self.rank is None
 
     def __or__(self, other: Facts) -> Facts:
-        if other is NOTHING or other == self:
+        if other is NOTHING or other is self:
             return self
         if self is NOTHING:
             return other
         return Facts(self.rank or other.rank, self.params | other.params,
                      self.wrapped or other.wrapped, self.output or other.output,
                      self.library or other.library, self.classes | other.classes,
-                     self.functions | other.functions)  # fmt: skip
+                     self.functions | other.functions,
+                     self.same_length and other.same_length)  # fmt: skip
 
     def ranked(self, origin: Origin | None) -> Facts:
         if origin is None or self.rank:
@@ -105,9 +125,9 @@ class Facts:
         return Facts(self.rank or other.rank, self.params | other.params, self.wrapped,
                      self.output, self.library, self.classes, self.functions)  # fmt: skip
 
-    def dependence(self) -> Facts:
+    def dependence(self, sized: bool = False) -> Facts:
         """Only whether the value is rank-dependent (directly or through parameters)."""
-        return Facts(rank=self.rank, params=self.params)
+        return Facts(rank=self.rank, params=self.params, sized=sized)
 
 
 NOTHING = Facts()
@@ -189,17 +209,21 @@ class Evaluator:
         if isinstance(node, ast.IfExp):
             return (self.facts(node.body) | self.facts(node.orelse)).depends(
                 self.facts(node.test))
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            return _union(self.facts(e) for e in node.elts)
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):  # as long on every rank, unless *x
+            sized = not any(isinstance(e, ast.Starred) for e in node.elts)
+            return replace(_union(self.facts(e) for e in node.elts), sized=sized)
         if isinstance(node, ast.Dict):
             return _union(self.facts(v) for v in node.values if v is not None)
         if isinstance(node, ast.Starred | ast.Await | ast.NamedExpr):
             return self.facts(node.value)
-        if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp):
-            return _union(self.facts(e).dependence() for e in self._comprehended(node, node.elt))
-        if isinstance(node, ast.DictComp):
-            return _union(self.facts(e).dependence() for e in self._comprehended(node,
-                                                                                 node.value))
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            element = node.value if isinstance(node, ast.DictComp) else node.elt
+            shape = [self.facts(g.iter) for g in node.generators] + [
+                self.facts(c) for g in node.generators for c in g.ifs]
+            sized = all(f.same_length for f in shape[: len(node.generators)]) and not any(
+                f.varies for f in shape[len(node.generators):])
+            return _union([self.facts(element).dependence(), *(f.dependence() for f in shape)]
+                          ).dependence(sized)  # fmt: skip
         if isinstance(node, ast.Slice):  # items[rank::world_size]: a rank's own shard
             return _union(self.facts(p).dependence() for p in (node.lower, node.upper, node.step)
                           if p is not None)  # fmt: skip
@@ -224,9 +248,6 @@ class Evaluator:
             dotted in ("os.environ.get", "os.getenv") or _is_environ(
                 getattr(left.func, "value", left.func), self.resolver))
 
-    @staticmethod
-    def _comprehended(node, element: ast.expr) -> list[ast.expr]:
-        return [element, *(g.iter for g in node.generators)]
 
     def _attribute(self, node: ast.Attribute) -> Facts:
         base = self.facts(node.value)
@@ -254,7 +275,10 @@ class Evaluator:
             return Facts(rank=self.origin(node))
         args = [self.facts(a) for a in node.args] + [self.facts(k.value) for k in node.keywords]
         if dotted and dotted.startswith("builtins.") and last in CONVERSIONS:
-            return _union(a.dependence() for a in args)
+            if last == "len" and all(a.same_length for a in args):
+                return NOTHING  # the length of what is as long on every rank
+            sized = last in SIZE_KEEPING and all(a.same_length for a in args)
+            return _union(a.dependence() for a in args).dependence(sized)
         callee = self.facts(func) if not dotted else NOTHING
         output = next((a.output for a in args if a.output), None) or callee.output or (
             callee.wrapped if callee.wrapped else None)

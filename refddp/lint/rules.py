@@ -24,12 +24,11 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from refddp.lint.callers import SINCE, CallerChecks, Pending
 from refddp.lint.findings import Finding
-from refddp.lint.ir import Branch, Call, Exit, Loop, Try, _short
-from refddp.lint.rank_values import Origin
+from refddp.lint.ir import Branch, Call, Exit, Loop, Try
+from refddp.lint.rank_values import Origin, since
 from refddp.lint.sequences import ESCAPING, Atom, Sequences, first_collective, keys, sites
-
-SINCE = "\x00since\x00"  # where a pending finding says why its condition is rank-dependent
 
 
 @dataclass(frozen=True)
@@ -40,23 +39,7 @@ class Context:
     origin: Origin
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A finding that holds where a caller passes a rank-dependent value for ``params``
-    (its message, with SINCE where the reason goes, is kept beside it)."""
-
-    params: frozenset[str]
-    path: str
-    line: int
-    col: int
-    code: str
-
-
-def since(origin: Origin) -> str:
-    return f"rank-dependent since {origin}, `{origin.text}`"
-
-
-class Rules:
+class Rules(CallerChecks):
     """Walks every function's tree and reports."""
 
     def __init__(self, sequences: Sequences, paths: dict[str, str]):
@@ -68,6 +51,7 @@ class Rules:
         self.passed: set[tuple[str, str]] = set()  # (function, parameter) some caller passes
         self.pending: dict[str, dict[Pending, str]] = {}
         self.params: frozenset[str] = frozenset()  # non-empty: findings wait for a caller
+        self.membership = False  # the branch being compared tests membership
 
     def report(self, node: ast.AST, code: str, message: str, path: str | None = None) -> None:
         path = path or self.path
@@ -191,7 +175,20 @@ class Rules:
         return out
 
     def branch(self, node: Branch, frames: tuple, why: str) -> None:
+        self.membership = node.membership
         self.compare(node.a, frames, node.b, frames, f"`{node.text}`", why, [*node.a, *node.b])
+        self.membership = False
+
+    def blame(self, site: Call, code: str, message: str) -> None:
+        """Report ``site``; a subgroup's collective under a membership test is a note: the
+        members alone must call it, and the lint does not know who they are."""
+        if site.group and self.membership:
+            self.report(site.node, "RDL201",
+                        f"cannot tell whether every member of the group {site.group} reaches "
+                        f"it (only they may, and the condition tests membership): {message}; "
+                        "the harness's run-time check covers it")  # fmt: skip
+        else:
+            self.report(site.node, code, message)
 
     def compare(self, a: list, frames_a: tuple, b: list, frames_b: tuple, cond: str, why: str,
                 inside: list) -> None:  # fmt: skip
@@ -221,7 +218,7 @@ class Rules:
             where = f"under {cond}" if side == "a" else f"where {cond} is false"
             what = (f"the other ranks reach {instead} instead" if instead
                     else "the other ranks issue no collective to match it")
-            self.report(site.node, "RDL101", f"{self.describe(site)} {where} ({why}): {what}")
+            self.blame(site, "RDL101", f"{self.describe(site)} {where} ({why}): {what}")
         definite = any(x.key[0] == "c" for f in (fa, fb) for x, mine in f[d:] if mine)
         if (definite or own) and not leaving:
             return  # the sides' own collectives are where the ranks part
@@ -235,7 +232,7 @@ class Rules:
                 if mine or not x.collective:
                     continue
                 for site in sites([x])[: 1 if x.key[0] == "c" else None]:
-                    self.report(site.node, "RDL102",
+                    self.blame(site, "RDL102",
                                 f"{self.describe(site)} is skipped by the ranks that {left} "
                                 f"under {cond} ({why})")  # fmt: skip
                 if x.key[0] == "c":
@@ -252,94 +249,6 @@ class Rules:
             # a return or break inside: ranks that enter the loop and ranks that skip it
             self.compare(node.body, (("loop", node), *frames), [], frames,
                          f"`{kind} {node.text}`", why, node.body)
-
-    # -- what callers pass --------------------------------------------------------------
-
-    def callers(self, trees: dict[str, list]) -> None:
-        """Check each call of the package's functions against what it passes: a function
-        for a parameter called on some ranks only (``RDL104``), a rank-dependent value for
-        a parameter a branch depends on (the pending findings)."""
-        for _ in range(6):  # both travel up through parameters passed on
-            before = ({q: dict(o) for q, o in self.obligations.items()},
-                      {q: set(p) for q, p in self.pending.items()})  # fmt: skip
-            for qualname, tree in trees.items():
-                self.qualname, self.path = qualname, self.paths[qualname]
-                for call in _package_calls(tree):  # by their class, not a method's name
-                    self._passed_functions(call)
-                    self._passed_values(call)
-            if before == (self.obligations, {q: set(p) for q, p in self.pending.items()}):
-                break
-        for qualname, params in self.obligations.items():
-            for param, (ctx, call) in params.items():
-                if (qualname, param) not in self.passed:
-                    self.path = self.paths[qualname]
-                    name = qualname.rpartition(".")[2]
-                    self.report(call.node, "RDL201",
-                                f"cannot tell whether {call.text} issues a collective: "
-                                f"{param} is a parameter of {name}() and no call of it in the "
-                                f"analysed files says what it is; it runs only where "
-                                f"`{ctx.text}` ({since(ctx.origin)}): the harness's run-time "
-                                "check covers it")  # fmt: skip
-
-    def _passed_values(self, call: Call) -> None:
-        for target in call.targets:
-            for pending, message in list(self.pending.get(target, {}).items()):
-                bound = call.scope.bound_args(target, call.node)
-                for param in sorted(pending.params & bound.keys()):
-                    arg = bound[param]
-                    facts = call.scope.facts(arg)
-                    if not facts.rank and not facts.params:
-                        continue
-                    via = (f"through `{param}`, which {call.text} passes as `{_short(arg, 30)}` "
-                           f"at {self.path}:{call.node.lineno}")  # fmt: skip
-                    key = (pending.path, pending.line, pending.col, "RDL1")
-                    if facts.rank and key not in self.findings:
-                        self.findings[key] = Finding(
-                            pending.path, pending.line, pending.col, pending.code,
-                            message.replace(SINCE, f"{via}, {since(facts.rank)}"))
-                    elif facts.params:
-                        self.pending.setdefault(self.qualname, {}).setdefault(
-                            Pending(facts.params, pending.path, pending.line, pending.col,
-                                    pending.code), message.replace(SINCE, f"{via}, {SINCE}"))
-
-    def _passed_functions(self, call: Call) -> None:
-        for target in call.targets:
-            for param, (ctx, inner) in self.obligations.get(target, {}).items():
-                arg = call.scope.bound_args(target, call.node).get(param)
-                self.passed.add((target, param))
-                if arg is None or isinstance(arg, ast.Constant):
-                    continue
-                helper = f"{_short(call.node.func, 40)}()"
-                where = f"only where `{ctx.text}` ({self.paths[target]}:{inner.node.lineno})"
-                if isinstance(arg, ast.Name) and arg.id in call.scope.function.params:
-                    self.obligations.setdefault(self.qualname, {}).setdefault(arg.id, (ctx, inner))
-                    continue
-                functions = self._functions(call.scope, arg)
-                issued = [i for i in map(self.seq.issues, functions) if i]
-                if issued:
-                    self.report(arg, "RDL104",
-                                f"{_short(arg, 50)} issues {issued[0]}, and {helper} calls it "
-                                f"{where}: the other ranks never join it")  # fmt: skip
-                elif not functions:
-                    self.report(arg, "RDL201",
-                                f"cannot tell whether {_short(arg, 50)} issues a collective: "
-                                f"{helper} calls it {where}; the harness's run-time check "
-                                "covers it")  # fmt: skip
-
-
-    @staticmethod
-    def _functions(scope, arg: ast.expr) -> list[str]:
-        """The package functions an argument may be: a lambda, a function, a bound method."""
-        package = scope.package
-        dotted = scope.dotted(arg)
-        if dotted in package.functions:
-            return [dotted]
-        found = set(scope.facts(arg).functions)
-        if isinstance(arg, ast.Attribute):
-            receiver = scope.facts(arg.value)
-            if receiver.classes:
-                found |= set(package.methods_named(receiver.classes, arg.attr))
-        return sorted(found)
 
 
 def _without_final_exit(atoms: list[Atom]) -> list[Atom]:
@@ -366,16 +275,3 @@ def _all_nodes(nodes: list):
 
 def _first_exit(nodes: list) -> Exit | None:
     return next((n for n in _all_nodes(nodes) if isinstance(n, Exit)), None)
-
-
-def _package_calls(nodes: list):
-    for node in nodes:
-        if isinstance(node, Call) and node.kind == "package" and not node.guess:
-            yield node
-        elif isinstance(node, Branch):
-            yield from _package_calls(node.a + node.b)
-        elif isinstance(node, Loop):
-            yield from _package_calls(node.body + node.orelse)
-        elif isinstance(node, Try):
-            yield from _package_calls(node.body + node.orelse + node.final +
-                                      [n for h in node.handlers for n in h])  # fmt: skip

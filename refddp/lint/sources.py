@@ -108,6 +108,14 @@ def parse(path: Path, shown: str) -> Module:
     return module
 
 
+def from_tree(tree: ast.Module, shown: str, lines: list[str]) -> Module:
+    """A file already parsed (by flake8, or from text), known by its own name alone."""
+    path = Path(shown)
+    module = Module(path.stem or "source", path, shown, tree, lines)
+    module.aliases = import_aliases(tree, "")
+    return module
+
+
 def load(paths: list[str]) -> list[Module]:
     """Every file under ``paths``, parsed."""
     if not paths:

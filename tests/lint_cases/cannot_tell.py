@@ -16,3 +16,8 @@ def on_rank0(obj, name, callback, hooks):
         obj.refresh_remote_state()  # expect: RDL201
         log.info("done")
         print(os.path.join("a", name).upper())
+
+
+def on_subgroup(t, group, members):
+    if dist.get_rank() in members:  # a subgroup's collective is for its members alone
+        dist.all_reduce(t, group=group)  # expect: RDL201

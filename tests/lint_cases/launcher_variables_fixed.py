@@ -25,3 +25,10 @@ def by_device(local_rank):
     device = "cuda:%d" % local_rank  # noqa: UP031 (text: a label, the same kind on every rank)
     if device.startswith("cuda"):
         dist.barrier()
+
+
+def unpacked(t):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world > 1:  # the world size, unpacked beside the rank, is still the same everywhere
+        dist.all_reduce(t)
+    return rank

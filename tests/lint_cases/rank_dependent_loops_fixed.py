@@ -34,3 +34,10 @@ def preview(loader, t):
                 break  # rank 0 stops printing; nothing in the loop communicates
             print(batch)
     dist.all_reduce(t)
+
+
+def per_step_shards(x, steps):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batches = [x[i * world + rank] for i in range(steps)]  # this rank's, as many as anyone's
+    for batch in batches:
+        dist.all_reduce(batch)

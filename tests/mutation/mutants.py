@@ -1505,13 +1505,15 @@ MUTANTS = (
         (lint_case("rank_dependent_loops.py"),),
     ),
     Mutant(
-        "lint-passed-functions-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "lint-passed-functions-unchecked", "the lint finds collectives only some ranks reach",
+        "refddp/lint/callers.py",
         "                issued = [i for i in map(self.seq.issues, functions) if i]\n",
         "                issued = []\n",
         (lint_case("rank0_helpers.py"),),
     ),
     Mutant(
-        "lint-callers-rank-dependent-values-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
+        "lint-callers-rank-dependent-values-unchecked",
+        "the lint finds collectives only some ranks reach", "refddp/lint/callers.py",
         "                    if facts.rank and key not in self.findings:\n",
         "                    if False:\n",
         (lint_case("rank0_helpers.py"),),
@@ -1520,6 +1522,22 @@ MUTANTS = (
         "lint-shared-end-blamed", "the lint passes code every rank runs alike", LINT_RULES,
         "        if not leaving:\n            fa, fb = fa[: len(fa) - e], fb[: len(fb) - e]\n", "",
         (lint_case("early_exit.py"), T_LINT_PROPS),
+    ),
+    Mutant(
+        "lint-subgroup-membership-reported", "the lint passes code every rank runs alike",
+        LINT_RULES, "        if site.group and self.membership:", "        if False:",
+        (lint_case("cannot_tell.py"),),
+    ),
+    Mutant(
+        "lint-tuple-assignment-blurred", "the lint passes code every rank runs alike", LINT_FLOW,
+        "            if len(targets) == 1 and _pairs(targets[0], node.value):  # a, b = x, y",
+        "            if False:",
+        (lint_case("launcher_variables_fixed.py"),),
+    ),
+    Mutant(
+        "lint-loop-over-a-sized-list-flagged", "the lint passes code every rank runs alike",
+        LINT_IR, "        if length and facts.sized:", "        if False:",
+        (lint_case("rank_dependent_loops_fixed.py"),),
     ),
     Mutant(
         "lint-unresolved-calls-silent", "notes for what the lint cannot see into", LINT_IR,
@@ -1579,12 +1597,12 @@ MUTANTS = (
         (lint_case("cross_file"), lint_case("module_globals.py")),
     ),
     Mutant(
-        "lint-returns-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/calls.py",
+        "lint-returns-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/scope.py",
         "            facts = self.package.returns.get(target, NOTHING)", "            facts = NOTHING",
         (lint_case("all_reduce_under_main_process.py"),),
     ),
     Mutant(
-        "lint-attributes-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/calls.py",
+        "lint-attributes-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/scope.py",
         "        return self.package.attribute(base.classes, name)", "        return NOTHING",
         (lint_case("all_reduce_under_main_process.py"),),
     ),
