@@ -25,9 +25,12 @@ from refddp.testing import cluster as cluster_module
 from refddp.testing.cluster import Cluster
 from tests.cli_runs import REPO, run, train_command
 
-pytestmark = pytest.mark.skipif(
-    cluster_module.unavailable() is not None, reason=str(cluster_module.unavailable())
-)
+pytestmark = [
+    pytest.mark.skipif(cluster_module.unavailable() is not None,
+                       reason=str(cluster_module.unavailable())),  # fmt: skip
+    pytest.mark.slow,  # real nodes, each test whole jobs on them: 20-80 s each
+    pytest.mark.heavy,
+]
 DATA = "tests.user_code:slow_train_datasets"  # $REFDDP_TEST_SLOW_TRAIN s an item, else fast
 
 
