@@ -6,6 +6,8 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
 - ``grad_norm(max_norm)``: the gradient's total norm, the same on every rank (clipped to
   ``max_norm`` when set), from which every rank decides alike whether to apply the step;
+- ``first_backward_rebuilds``: whether DDP lays its gradient buckets out anew after the first
+  backward, which the trainer then makes before any step (``Trainer.settle_ddp_buckets``);
 - ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
   FSDP and one process) and ``load_state`` (the reverse).
@@ -23,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from refddp.config import TrainConfig
+from refddp.config import ConfigError, TrainConfig
 from refddp.dist import DistContext, device_mesh
 
 
@@ -41,6 +43,8 @@ class Parallel:
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
         self.parameters = list(model.parameters())  # (grad_norm's, listed once)
+        self.unreduced: list[nn.Parameter] = []  # trained parameters DDP does not all-reduce
+        self.first_backward_rebuilds = False
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
             self.module: nn.Module = torch.compile(model) if c.compile else model
@@ -54,6 +58,27 @@ class Parallel:
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
         )
         self.module = torch.compile(self.wrapped) if c.compile else self.wrapped
+        # Parameters the user told DDP to leave alone (``_ddp_params_and_buffers_to_ignore``, as
+        # tensor- and expert-parallel code does): their gradients differ between ranks, so the
+        # norm must be agreed (``agreed_norm``).
+        ignored = getattr(self.wrapped, "parameters_to_ignore", ())
+        self.unreduced = [p for name, p in model.named_parameters()
+                          if name in ignored and p.requires_grad]  # fmt: skip
+        if self.unreduced and c.amp == "fp16":
+            raise ConfigError(
+                "amp: fp16 with parameters DDP ignores (_ddp_params_and_buffers_to_ignore) "
+                "would let each rank's GradScaler back off alone on its own gradients; use "
+                "--amp bf16 or off"
+            )
+        # DDP all-reduces the first backward's gradients in buckets laid out in parameter
+        # order, every later one's in the order the first backward's gradients became ready.
+        # A sum over 3+ ranks depends on where an element lies in the buffer (gloo's and
+        # NCCL's rings start each chunk's sum at another rank), so a resumed run's first step,
+        # a fresh DDP's, would differ in the last bits from the uninterrupted run's step
+        # there. The trainer makes that first backward, of a zero loss, before every run's
+        # first step. Two ranks' sum is the same in either order; with find_unused_parameters
+        # DDP keeps its first layout.
+        self.first_backward_rebuilds = ctx.world_size > 2 and not c.find_unused_parameters
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Forward and backward in here accumulate gradients locally (no communication)."""
@@ -68,10 +93,27 @@ class Parallel:
         from it needs no collective. Under FSDP each rank holds a shard of each gradient: the
         norm is then one all-reduce of the shards' norms, made once for both uses."""
         parameters = [p for p in self.parameters if p.grad is not None]
-        norm = total_norm([p.grad for p in parameters])  # (FSDP: reduced over the shards)
+        if self.unreduced:
+            norm = self.agreed_norm(parameters)
+        else:
+            norm = total_norm([p.grad for p in parameters])  # (FSDP: reduced over the shards)
         if max_norm:
             clip_to_norm(parameters, max_norm, norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def agreed_norm(self, parameters: list[nn.Parameter]) -> torch.Tensor:
+        """The total norm where DDP ignores some parameters: their gradients differ between
+        ranks, and a norm of this rank's alone would let ranks decide differently whether to
+        apply the step (the one that skips then issues a collective the others do not). They
+        are taken as each rank's own shards (tensor or expert parallelism): the squares of
+        their norms are summed over ranks, in one all-reduce, and added to the replicated
+        parameters' square."""
+        own = {id(p) for p in self.unreduced}
+        shared = total_norm([p.grad for p in parameters if id(p) not in own])
+        mine = total_norm([p.grad for p in parameters if id(p) in own]).to(shared)
+        squares = mine.double().square().reshape(1)
+        dist.all_reduce(squares)
+        return (shared.double().square() + squares[0]).sqrt().to(shared.dtype)
 
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
@@ -145,6 +187,8 @@ class FullyShardedParallel(Parallel):
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.wrapped = self.module = model
         self.parameters = list(model.parameters())  # the sharded ones
+        self.unreduced = []  # (the norm is reduced over the shards already)
+        self.first_backward_rebuilds = False  # (no buckets: one reduce-scatter per unit)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(self.model)

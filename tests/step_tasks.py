@@ -1,0 +1,164 @@
+"""Rank tasks that watch the trainer's step from inside: what a skipped step leaves behind, and
+how many times a step reads from the device."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from refddp.dist import init_distributed
+from refddp.trainer import Trainer
+from tests import recording_tracker
+from tests.rank_tasks import tiny_config
+
+# Every way a tensor's value reaches Python: each is a device-to-host read on a GPU.
+HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
+# Reads of tensors that live on the host on a GPU too, or that are not the trainer's: torch's
+# optimizers read their step counts (CPU tensors; a plain loop makes the same reads); the loader
+# and its datasets (refddp's included) read the host batches they make; the trainer counts the
+# step's targets on those host batches; the harness checks each collective's fingerprint.
+# (file, function or "" for any)
+NOT_THE_DEVICES = (("/torch/optim/", ""), ("/torch/utils/data/", ""), ("/refddp/data.py", ""),
+                   ("/refddp/trainer.py", "host_target_count"),
+                   ("/refddp/testing/collectives.py", ""))  # fmt: skip
+
+
+def local(value: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``value`` (an FSDP shard's local tensor), detached and copied."""
+    return (value.to_local() if hasattr(value, "to_local") else value).detach().clone()
+
+
+def trainer_state(trainer: Trainer) -> dict[str, Any]:
+    """What a skipped step must leave as it was, on this rank: the model's parameters and
+    buffers, the optimizer's state, the learning rates, the schedule and the update count."""
+    optimizer = trainer.optimizer
+    state = {f"model.{k}": local(v) for k, v in trainer.model.state_dict().items()}
+    for index, param in enumerate(p for g in optimizer.param_groups for p in g["params"]):
+        for key, value in optimizer.state.get(param, {}).items():
+            state[f"optimizer.{index}.{key}"] = local(value) if torch.is_tensor(value) else value
+    state["lr"] = [g["lr"] for g in optimizer.param_groups]
+    state["schedule"] = trainer.schedule.scheduler.last_epoch
+    state["updates"] = trainer.pos.updates
+    return state
+
+
+def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The keys whose values differ (NaN equal to NaN), or that one side lacks."""
+    changed = sorted(before.keys() ^ after.keys())
+    for key in before.keys() & after.keys():
+        a, b = before[key], after[key]
+        if torch.is_tensor(a):
+            same = a.shape == b.shape and bool(torch.isclose(a, b, rtol=0, atol=0,
+                                                             equal_nan=True).all())  # fmt: skip
+        else:
+            same = a == b
+        if not same:
+            changed.append(key)
+    return changed
+
+
+def fit_checking_skipped_steps(out: str, **overrides) -> dict:
+    """``fit``, comparing this rank's ``trainer_state`` before and after every step it skips:
+    the steps checked and what each changed (nothing, if a skipped step leaves no trace)."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    train_step = trainer.train_step
+    checked: list[int] = []
+    changed: dict[int, list[str]] = {}
+
+    def checking(batches: Any) -> int:
+        before, skipped = trainer_state(trainer), trainer.pos.skipped_steps
+        signum = train_step(batches)
+        if trainer.pos.skipped_steps > skipped:
+            checked.append(trainer.pos.step)
+            found = differences(before, trainer_state(trainer))
+            if found:
+                changed[trainer.pos.step] = found
+        return signum
+
+    trainer.train_step = checking
+    result = trainer.fit()
+    return {"checked": checked, "changed": changed, "result": result,
+            "weights": {k: local(v) for k, v in trainer.model.state_dict().items()}}  # fmt: skip
+
+
+def read_by_the_trainer(frame: Any) -> bool:
+    """Whether a read from ``frame`` reads the device: none of its callers is one of
+    ``NOT_THE_DEVICES``."""
+    while frame is not None:
+        code = frame.f_code
+        if any(place in code.co_filename and function in ("", code.co_name)
+               for place, function in NOT_THE_DEVICES):  # fmt: skip
+            return False
+        frame = frame.f_back
+    return True
+
+
+@contextlib.contextmanager
+def counting_host_reads() -> Iterator[list[int]]:
+    """Count every read of a tensor's value into Python (``HOST_READS``) inside, but those
+    made from ``NOT_THE_DEVICES``'s code."""
+    count = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(original: Any) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            count[0] += read_by_the_trainer(sys._getframe(1))
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(original))
+    try:
+        yield count
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def fit_counting_host_reads(out: str, **overrides) -> dict:
+    """``fit``, counting the host reads of each step from the start of its ``train_step`` to the
+    end of its ``end_of_step``: ``reads`` of the steps that neither evaluate nor checkpoint
+    (which read more), and the steps ``skipped``."""
+    if overrides.get("log_to") == "recording":
+        recording_tracker.register()
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    train_step, end_of_step = trainer.train_step, trainer.end_of_step
+    per_step: dict[int, int] = {}
+    reads: list[int] = [0]
+    plain: list[int] = []  # steps that neither evaluated nor saved
+    skipped: list[int] = []
+
+    def counted_step(batches: Any) -> int:
+        before = trainer.pos.skipped_steps
+        with counting_host_reads() as count:
+            signum = train_step(batches)
+        reads[0] = count[0]
+        if trainer.pos.skipped_steps > before:
+            skipped.append(trainer.pos.step)
+        return signum
+
+    def counted_end(signum: int, steps_this_run: int) -> bool:
+        saves = trainer.save
+
+        def save(*args: Any, **kwargs: Any) -> int:
+            plain.remove(trainer.pos.step)
+            return saves(*args, **kwargs)
+
+        plain.append(trainer.pos.step)
+        trainer.save = save  # every end of step that evaluates or checkpoints saves
+        try:
+            with counting_host_reads() as count:
+                stopping = end_of_step(signum, steps_this_run)
+        finally:
+            del trainer.save
+        per_step[trainer.pos.step] = reads[0] + count[0]
+        return stopping
+
+    trainer.train_step, trainer.end_of_step = counted_step, counted_end
+    trainer.fit()
+    return {"reads": {step: per_step[step] for step in plain}, "skipped": skipped}
