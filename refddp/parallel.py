@@ -158,6 +158,9 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
 class FullyShardedParallel(Parallel):
     """FSDP2: each rank stores 1/N of every parameter, its gradient and its optimizer state.
 
@@ -178,12 +181,20 @@ class FullyShardedParallel(Parallel):
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
         policy = MixedPrecisionPolicy()
+        kept_in_float32: list[nn.Module] = []
         if c.amp == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # BatchNorm keeps its parameters in float32, beside its float32 running statistics
+            # (torch's batch_norm refuses bfloat16 weights with them; FSDP1 kept BatchNorm out
+            # of mixed precision by default): each is a unit of its own, not cast.
+            kept_in_float32 = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+            for norm in kept_in_float32:
+                fully_shard(norm, mesh=mesh)
         for index, block in enumerate(fsdp_blocks(model)):
             if c.compile:
                 _compile_forward(block, index)
-            fully_shard(block, mesh=mesh, mp_policy=policy)
+            if block not in kept_in_float32:
+                fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.wrapped = self.module = model
         self.parameters = list(model.parameters())  # the sharded ones

@@ -4,6 +4,7 @@ how many times a step reads from the device."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -162,3 +163,80 @@ def fit_counting_host_reads(out: str, **overrides) -> dict:
     trainer.train_step, trainer.end_of_step = counted_step, counted_end
     trainer.fit()
     return {"reads": {step: per_step[step] for step in plain}, "skipped": skipped}
+
+
+def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hook: bool,
+                       **overrides) -> dict:  # fmt: skip
+    """One invocation of the trainer on this rank, with ``faults`` ({(rank, step, micro):
+    "loss" or "gradient"}: that rank's loss of that step's micro-batch ``micro`` made inf with
+    a finite gradient, or finite with a NaN gradient; micro-batches before the last run under
+    ``no_sync``), ``signalled`` ((rank, step, signal name), sent to that rank after that step),
+    and DDP's fp16 compression hook registered on the wrapped model when ``comm_hook``.
+
+    Every skipped step is checked to leave this rank's ``trainer_state`` as it was; a run that
+    stops on a non-finite step (``on_nonfinite=stop``) says at which step."""
+    from refddp.step_agreement import NonFiniteStep
+    from refddp.testing import record_collectives
+    from refddp.testing.collectives import process_group_sequence
+    from tests.rank_tasks import SIGNALS
+
+    rank = torch.distributed.get_rank()
+    c = tiny_config(out, **overrides)
+    torch.manual_seed(c.seed + rank)  # as python -m refddp.train seeds (a warm rank carries any)
+    with record_collectives() as log:
+        trainer = Trainer(c, init_distributed("cpu"))
+        if comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            trainer.parallel.wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        micro_loss, train_step = trainer.micro_loss, trainer.train_step
+        micro = [0]
+        changed: dict[int, list[str]] = {}
+        skipped: list[int] = []
+
+        def faulty(module: Any, batch: Any) -> Any:
+            loss = micro_loss(module, batch)
+            if trainer.bucket_layout_pending:  # (DDP's settling backward, before step 1)
+                return loss
+            kind = faults.get((rank, trainer.pos.step + 1, micro[0]))
+            micro[0] += 1
+            if kind == "loss":  # inf, with a finite gradient (a constant added)
+                return loss._replace(total=loss.total + float("inf"))
+            if kind == "gradient":  # finite (0 added), with a NaN gradient (sqrt at 0)
+                total = loss.total
+                return loss._replace(total=total + ((total - total.detach()) ** 2).sqrt())
+            return loss
+
+        def step_checked(batches: Any) -> int:
+            micro[0] = 0
+            before, count = trainer_state(trainer), trainer.pos.skipped_steps
+            signum = train_step(batches)
+            if trainer.pos.skipped_steps > count:
+                skipped.append(trainer.pos.step)
+                found = differences(before, trainer_state(trainer))
+                if found:
+                    changed[trainer.pos.step] = found
+            if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
+                os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
+            return signum
+
+        trainer.micro_loss, trainer.train_step = faulty, step_checked
+        stopped_at = None
+        try:
+            result = trainer.fit()
+        except NonFiniteStep:
+            stopped_at = trainer.pos.step
+            result = {"step": trainer.pos.step, "stopped_by": None,
+                      "skipped_steps": trainer.pos.skipped_steps}  # fmt: skip
+    return {
+        "log": log,
+        "sequence": process_group_sequence(),
+        "step": result["step"],
+        "stopped_by": result["stopped_by"],
+        "skipped": result["skipped_steps"],
+        "skipped_steps": skipped,
+        "nonfinite_stop": stopped_at,
+        "changed": changed,
+        "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
+        "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
+    }

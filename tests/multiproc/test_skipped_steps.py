@@ -62,7 +62,7 @@ def test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_rec
         ("convnet", {"strategy": "fsdp"}),
         ("convnet", {"dtype": "float32", "amp": "bf16"}),
         ("convnet", {"dtype": "float32", "amp": "fp16"}),
-        ("mlp", {"dropout": 0.3, "grad_accum": 2, "grad_clip": 0.5}),
+        ("convnet", {"dropout": 0.3, "grad_accum": 2, "grad_clip": 0.5}),
     ],
     ids=["ddp", "fsdp", "bf16", "fp16", "dropout-accumulation"],
 )
