@@ -60,11 +60,12 @@ def test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_rec
     [
         ("convnet", {}),  # BatchNorm's running statistics and batch count
         ("convnet", {"strategy": "fsdp"}),
+        ("convnet", {"strategy": "fsdp", "dtype": "float32", "amp": "bf16"}),  # float32 norms
         ("convnet", {"dtype": "float32", "amp": "bf16"}),
         ("convnet", {"dtype": "float32", "amp": "fp16"}),
         ("convnet", {"dropout": 0.3, "grad_accum": 2, "grad_clip": 0.5}),
     ],
-    ids=["ddp", "fsdp", "bf16", "fp16", "dropout-accumulation"],
+    ids=["ddp", "fsdp", "fsdp-bf16", "bf16", "fp16", "dropout-accumulation"],
 )
 def test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were(
     spawn, tmp_path, model, overrides
@@ -82,14 +83,17 @@ def test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were(
 
 def test_skips_continue_across_a_resume_and_reach_the_trackers(spawn, tmp_path):
     job = dict(data=EXPLODING, global_batch_size=8)
-    straight = spawn(fit, str(tmp_path / "a"), **job)[0]["result"]
+    straight_run = spawn(fit, str(tmp_path / "a"), **job)[0]
+    straight, straight_weights = straight_run["result"], straight_run["weights"]
     assert straight["skipped_steps"] > 1
     out = tmp_path / "b"
     spawn(fit, str(out), stop_after=13, **job)
     state = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
     assert 0 < state["skipped_steps"] < straight["skipped_steps"], "skips both sides of step 13"
-    resumed = spawn(fit, str(out), **job)[0]["result"]
-    assert resumed["skipped_steps"] == straight["skipped_steps"], "counted on from the checkpoint"
+    resumed = spawn(fit, str(out), **job)[0]
+    assert resumed["result"]["skipped_steps"] == straight["skipped_steps"], "counted on"
+    for key, value in straight_weights.items():  # the schedule counted updates, not steps
+        assert torch.equal(resumed["weights"][key], value), key
     evaluations, skips = history(out)
     assert len(skips) == straight["skipped_steps"], "each skipped step on the record once"
     tracked = spawn(fit_with_recording_tracker, str(tmp_path / "c"), **job)[0]
@@ -131,6 +135,28 @@ def test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_e
         "stopping every rank (5 steps in a row skipped (max_consecutive_skips 5): the run "
         "trains nothing)"
     ], done.stderr
+
+
+def test_the_consecutive_limit_counts_skips_in_a_row_only(spawn, tmp_path):
+    job = dict(data=EXPLODING, global_batch_size=8)
+    straight = spawn(fit_checking_skipped_steps, str(tmp_path / "a"), **job)[0]
+    steps = straight["checked"]  # the skipped steps
+    longest = max(len(run) for run in runs_of_consecutive(steps))
+    assert len(steps) > longest, "skips apart from each other, to count separately"
+    limited = spawn(fit, str(tmp_path / "b"), max_consecutive_skips=longest + 1, **job)[0]
+    assert limited["step"] == straight["result"]["step"], "the run goes on to its end"
+    with pytest.raises(RankFailure, match=f"max_consecutive_skips {longest}"):
+        spawn(fit, str(tmp_path / "c"), max_consecutive_skips=longest, **job)
+
+
+def runs_of_consecutive(steps: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and runs[-1][-1] == step - 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return runs
 
 
 def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli, tiny):
