@@ -1576,4 +1576,9 @@ MUTANTS = (
         'text = text or "(no stack could be read)"',
         (f"{T_STACKS}::test_a_rank_ignoring_the_stack_signal_is_reported_saying_why",),
     ),
+    Mutant(
+        "heavy-tests-not-grouped", "no two heavy tests share the machine", "conftest.py",
+        '            item.add_marker(pytest.mark.xdist_group("heavy"))', "            pass",
+        ("tests/unit/test_suite_tiers.py::test_heavy_tests_share_one_xdist_group",),
+    ),
 )
