@@ -61,9 +61,7 @@ class Parallel:
         # Parameters the user told DDP to leave alone (``_ddp_params_and_buffers_to_ignore``, as
         # tensor- and expert-parallel code does): their gradients differ between ranks, so the
         # norm must be agreed (``agreed_norm``).
-        ignored = getattr(self.wrapped, "parameters_to_ignore", ())
-        self.unreduced = [p for name, p in model.named_parameters()
-                          if name in ignored and p.requires_grad]  # fmt: skip
+        self.unreduced = unreduced_parameters(self.wrapped)
         if self.unreduced and c.amp == "fp16":
             raise ConfigError(
                 "amp: fp16 with parameters DDP ignores (_ddp_params_and_buffers_to_ignore) "
@@ -134,6 +132,21 @@ class Parallel:
     def local_numel(self) -> int:
         """Parameter elements this rank stores."""
         return sum(p.numel() for p in self.model.parameters())
+
+
+def unreduced_parameters(ddp: DDP) -> list[nn.Parameter]:
+    """The trained parameters DDP does not all-reduce, by DDP's own rule: it reduces a
+    parameter found under any sub-module and name ``f"{module}.{name}"`` that its public
+    ``parameters_to_ignore`` (the model's ``_ddp_params_and_buffers_to_ignore``) does not list.
+    (So no top-level parameter is ever ignored: its key starts with a dot. A test checks this
+    rule against what DDP really reduces, on every torch the suite runs on.)"""
+    ignored = getattr(ddp, "parameters_to_ignore", None) or set()
+    if not ignored:
+        return []
+    reduced = {id(p) for prefix, module in ddp.module.named_modules()
+               for name, p in module.named_parameters(recurse=False)
+               if p.requires_grad and f"{prefix}.{name}" not in ignored}  # fmt: skip
+    return [p for p in ddp.module.parameters() if p.requires_grad and id(p) not in reduced]
 
 
 def clip_to_norm(parameters: list[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:

@@ -240,3 +240,38 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
         "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
         "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),
     }
+
+
+def reduced_as_ddp_does() -> dict:
+    """Which of a model's parameters DDP really all-reduced in one backward on rank-dependent
+    inputs (equal gradients on every rank), beside which ``unreduced_parameters`` says it
+    does not: a top-level parameter and a sub-module's are both listed to be ignored."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from refddp.parallel import unreduced_parameters
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+            self.top = nn.Parameter(torch.zeros(2))
+            self.expert = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.expert(self.linear(x) + self.top)
+
+    torch.manual_seed(0)
+    model = Model()
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ["top", "expert.weight"])
+    ddp = DDP(model)
+    rank = torch.distributed.get_rank()
+    ddp(torch.full((4, 3), float(rank + 1))).square().sum().backward()
+    equal = {}
+    for name, param in model.named_parameters():
+        grads = [torch.empty_like(param.grad) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(grads, param.grad)
+        equal[name] = all(torch.equal(g, grads[0]) for g in grads)
+    unreduced = {id(p) for p in unreduced_parameters(ddp)}
+    return {"reduced": sorted(n for n, same in equal.items() if same),
+            "ours": sorted(n for n, p in model.named_parameters() if id(p) not in unreduced)}

@@ -19,7 +19,11 @@ import torch
 from refddp.testing import RankFailure
 from tests.observability_tasks import fit_with_recording_tracker
 from tests.rank_tasks import TOKENS, fit, fit_full_weights
-from tests.step_tasks import fit_checking_skipped_steps, fit_counting_host_reads
+from tests.step_tasks import (
+    fit_checking_skipped_steps,
+    fit_counting_host_reads,
+    reduced_as_ddp_does,
+)
 
 EXPLODING = "tests.user_code:exploding_datasets"  # one training row in twenty is inf
 NAN_EVERY_STEP = "tests.user_code:nan_gradient_every_step_loss"
@@ -191,6 +195,12 @@ def test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line(
             for text in info.value.failures.values()}  # fmt: skip
     assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank; "
                     "stopping every rank (on_nonfinite=stop)"}  # fmt: skip
+
+
+def test_the_parameters_taken_as_unreduced_are_those_ddp_does_not_reduce(spawn):
+    found = spawn(reduced_as_ddp_does)[0]
+    assert found["ours"] == found["reduced"]
+    assert "expert.weight" not in found["reduced"], "DDP ignored the sub-module's parameter"
 
 
 def test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line(run_cli, tiny):
