@@ -1,10 +1,12 @@
-# Quickstart: `make demo` trains the demo job, `make test` runs the CPU suite.
-# Each target builds .venv first (torch pinned to 2.13.0: see constraints.txt).
+# Quickstart: `make demo` trains the demo job, `make test` runs the CPU suite but its slow tests,
+# `make test-all` every test (what CI runs). Each target builds .venv first (torch pinned to
+# 2.13.0: see constraints.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTEST_ARGS ?= -n 2
+# loadgroup: tests marked heavy share one worker (conftest.py), so no two run at once.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test multiproc gpu lint bench stress scale mutation compat clean
+.PHONY: demo test test-all multiproc gpu lint bench stress scale mutation compat clean
 
 # The demo needs refddp itself; the tests also every optional extra they exercise.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -22,7 +24,12 @@ demo: $(VENV)/.installed
 	$(PY) -m refddp.train --nproc 2 --out runs/demo
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
+
+# Everything, the slow tests too (whole CLI jobs, restarts, real nodes, SLURM where installed,
+# compile) and the trainer at 256 ranks (tests/multiproc/test_scale.py).
+test-all: $(VENV)/.installed-test
+	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 multiproc: $(VENV)/.installed-test
 	$(PY) -m pytest -m multiproc

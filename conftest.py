@@ -13,6 +13,16 @@ from tests.cli_runs import train_command
 pytest_plugins = ["pytester"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Heavy tests share one xdist group: under ``--dist loadgroup`` (make test, make
+    test-all) one worker runs them one after another, so no two load the machine at once and
+    none's deadline depends on another's."""
+    for item in items:
+        if item.get_closest_marker("heavy"):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
+
+
 class CliRun:
     """A finished ``python -m refddp.train`` run: exit code, output, and its run directory."""
 

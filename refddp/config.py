@@ -261,9 +261,25 @@ class TrainConfig:
     on_nonfinite: str = _opt(
         "skip",
         "what every rank does with a step whose loss (on any rank) or all-reduced gradient is "
-        "inf/nan: skip its update, or stop",
+        "inf/nan: skip its update (the model, its buffers, the optimizer and the schedule "
+        "stay as they were), or stop; under amp fp16 a gradient overflow behind finite losses "
+        "is skipped in both modes while the loss scale can still fall (min_loss_scale)",
         ("skip", "stop"),
         resume=APPLIED,
+    )
+    max_consecutive_skips: int = _opt(
+        20,
+        "stop the run (exit 1) when this many steps in a row were skipped as non-finite: it "
+        "trains nothing (0: no limit)",
+        resume=APPLIED,
+        at_least=0,
+    )
+    min_loss_scale: float = _opt(
+        1.0,
+        "amp fp16: stop the run (exit 1) when a gradient overflow would take GradScaler's loss "
+        "scale below this (its gradients are non-finite at every scale that helps)",
+        resume=APPLIED,
+        above=0,
     )
     progress: bool = _opt(True, "rank-0 progress bar", resume=INVOCATION)
     log_all_ranks: bool = _opt(

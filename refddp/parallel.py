@@ -6,6 +6,8 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``no_sync()``: accumulate this micro-batch's gradient locally (no gradient communication);
 - ``grad_norm(max_norm)``: the gradient's total norm, the same on every rank (clipped to
   ``max_norm`` when set), from which every rank decides alike whether to apply the step;
+- ``first_backward_rebuilds``: whether DDP lays its gradient buckets out anew after the first
+  backward, which the trainer then makes before any step (``Trainer.settle_ddp_buckets``);
 - ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
   FSDP and one process) and ``load_state`` (the reverse).
@@ -23,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from refddp.config import TrainConfig
+from refddp.config import ConfigError, TrainConfig
 from refddp.dist import DistContext, device_mesh
 
 
@@ -41,6 +43,8 @@ class Parallel:
     def __init__(self, model: nn.Module, c: TrainConfig, ctx: DistContext):
         self.model, self.ctx = model, ctx
         self.parameters = list(model.parameters())  # (grad_norm's, listed once)
+        self.unreduced: list[nn.Parameter] = []  # trained parameters DDP does not all-reduce
+        self.first_backward_rebuilds = False
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
             self.module: nn.Module = torch.compile(model) if c.compile else model
@@ -54,6 +58,25 @@ class Parallel:
             gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
         )
         self.module = torch.compile(self.wrapped) if c.compile else self.wrapped
+        # Parameters the user told DDP to leave alone (``_ddp_params_and_buffers_to_ignore``, as
+        # tensor- and expert-parallel code does): their gradients differ between ranks, so the
+        # norm must be agreed (``agreed_norm``).
+        self.unreduced = unreduced_parameters(self.wrapped)
+        if self.unreduced and c.amp == "fp16":
+            raise ConfigError(
+                "amp: fp16 with parameters DDP ignores (_ddp_params_and_buffers_to_ignore) "
+                "would let each rank's GradScaler back off alone on its own gradients; use "
+                "--amp bf16 or off"
+            )
+        # DDP all-reduces the first backward's gradients in buckets laid out in parameter
+        # order, every later one's in the order the first backward's gradients became ready.
+        # A sum over 3+ ranks depends on where an element lies in the buffer (gloo's and
+        # NCCL's rings start each chunk's sum at another rank), so a resumed run's first step,
+        # a fresh DDP's, would differ in the last bits from the uninterrupted run's step
+        # there. The trainer makes that first backward, of a zero loss, before every run's
+        # first step. Two ranks' sum is the same in either order; with find_unused_parameters
+        # DDP keeps its first layout.
+        self.first_backward_rebuilds = ctx.world_size > 2 and not c.find_unused_parameters
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Forward and backward in here accumulate gradients locally (no communication)."""
@@ -68,10 +91,27 @@ class Parallel:
         from it needs no collective. Under FSDP each rank holds a shard of each gradient: the
         norm is then one all-reduce of the shards' norms, made once for both uses."""
         parameters = [p for p in self.parameters if p.grad is not None]
-        norm = total_norm([p.grad for p in parameters])  # (FSDP: reduced over the shards)
+        if self.unreduced:
+            norm = self.agreed_norm(parameters)
+        else:
+            norm = total_norm([p.grad for p in parameters])  # (FSDP: reduced over the shards)
         if max_norm:
             clip_to_norm(parameters, max_norm, norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def agreed_norm(self, parameters: list[nn.Parameter]) -> torch.Tensor:
+        """The total norm where DDP ignores some parameters: their gradients differ between
+        ranks, and a norm of this rank's alone would let ranks decide differently whether to
+        apply the step (the one that skips then issues a collective the others do not). They
+        are taken as each rank's own shards (tensor or expert parallelism): the squares of
+        their norms are summed over ranks, in one all-reduce, and added to the replicated
+        parameters' square."""
+        own = {id(p) for p in self.unreduced}
+        shared = total_norm([p.grad for p in parameters if id(p) not in own])
+        mine = total_norm([p.grad for p in parameters if id(p) in own]).to(shared)
+        squares = mine.double().square().reshape(1)
+        dist.all_reduce(squares)
+        return (shared.double().square() + squares[0]).sqrt().to(shared.dtype)
 
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
@@ -92,6 +132,21 @@ class Parallel:
     def local_numel(self) -> int:
         """Parameter elements this rank stores."""
         return sum(p.numel() for p in self.model.parameters())
+
+
+def unreduced_parameters(ddp: DDP) -> list[nn.Parameter]:
+    """The trained parameters DDP does not all-reduce, by DDP's own rule: it reduces a
+    parameter found under any sub-module and name ``f"{module}.{name}"`` that its public
+    ``parameters_to_ignore`` (the model's ``_ddp_params_and_buffers_to_ignore``) does not list.
+    (So no top-level parameter is ever ignored: its key starts with a dot. A test checks this
+    rule against what DDP really reduces, on every torch the suite runs on.)"""
+    ignored = getattr(ddp, "parameters_to_ignore", None) or set()
+    if not ignored:
+        return []
+    reduced = {id(p) for prefix, module in ddp.module.named_modules()
+               for name, p in module.named_parameters(recurse=False)
+               if p.requires_grad and f"{prefix}.{name}" not in ignored}  # fmt: skip
+    return [p for p in ddp.module.parameters() if p.requires_grad and id(p) not in reduced]
 
 
 def clip_to_norm(parameters: list[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
@@ -116,6 +171,9 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
 class FullyShardedParallel(Parallel):
     """FSDP2: each rank stores 1/N of every parameter, its gradient and its optimizer state.
 
@@ -136,15 +194,25 @@ class FullyShardedParallel(Parallel):
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
         policy = MixedPrecisionPolicy()
+        kept_in_float32: list[nn.Module] = []
         if c.amp == "bf16":
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # BatchNorm keeps its parameters in float32, beside its float32 running statistics
+            # (torch's batch_norm refuses bfloat16 weights with them; FSDP1 kept BatchNorm out
+            # of mixed precision by default): each is a unit of its own, not cast.
+            kept_in_float32 = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+            for norm in kept_in_float32:
+                fully_shard(norm, mesh=mesh)
         for index, block in enumerate(fsdp_blocks(model)):
             if c.compile:
                 _compile_forward(block, index)
-            fully_shard(block, mesh=mesh, mp_policy=policy)
+            if block not in kept_in_float32:
+                fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self.wrapped = self.module = model
         self.parameters = list(model.parameters())  # the sharded ones
+        self.unreduced = []  # (the norm is reduced over the shards already)
+        self.first_backward_rebuilds = False  # (no buckets: one reduce-scatter per unit)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(self.model)

@@ -26,9 +26,11 @@ def read_history(run_dir: str) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 raise PlotError(f"{path}:{number}: not a JSON line") from None
+            if "skipped" not in record:  # a skipped step's line (refddp/trackers/jsonl.py)
+                records.append(record)
     if not records:
         raise PlotError(f"{path}: no evaluations recorded yet")
     return records

@@ -59,13 +59,20 @@ class CheckpointError(ConfigError):
 class Position:
     """Where training is; saved in every checkpoint so resume continues exactly here."""
 
-    step: int = 0  # optimizer steps done (global batches consumed); the epoch derives from it
+    step: int = 0  # training steps done (global batches consumed); the epoch derives from it
+    skipped_steps: int = 0  # of them, skipped as non-finite (no update): refddp/skipped_steps.py
+    skipped_in_a_row: int = 0  # the last ones skipped, up to ``step`` (0: the last was applied)
     best_val_loss: float = math.inf
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_pending: bool = False  # a stop came before the evaluation due at `step` finished
     # Training measured since the last evaluation (``refddp.window.Window.saved``) and this
     # rank's [loss sum, targets]: the next evaluation's record covers the whole window.
     window: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates applied: the learning-rate schedule's position."""
+        return self.step - self.skipped_steps
 
 
 class RunParts(NamedTuple):
@@ -173,6 +180,8 @@ def build_state(
         "scaler_state_dict": parts.scaler.state_dict(),
         "epoch": epoch,
         "step": pos.step,
+        "skipped_steps": pos.skipped_steps,
+        "skipped_in_a_row": pos.skipped_in_a_row,
         "samples_in_epoch": done * global_batch,
         "global_batch": global_batch,
         "best_val_loss": pos.best_val_loss,
@@ -215,7 +224,8 @@ def restore(
     check_model_compatible(parts.parallel.model, state["model_state_dict"], path)
     _keep_kernels(state["optimizer_state_dict"]["param_groups"], parts.optimizer)
     checkpoint_formats.owning(path).restore_tensors(state, parts)
-    _apply_hyperparameters(parts, c, step)
+    skipped = state.get("skipped_steps", 0)  # (saved since refddp counts them)
+    _apply_hyperparameters(parts, c, step - skipped)
     parts.scaler.load_state_dict(state["scaler_state_dict"])
     rng = state.get("rng_states") or []
     if len(rng) == world_size:
@@ -236,6 +246,8 @@ def restore(
         window["loss"] = sums if rank == 0 else [0.0, 0.0]
     return Position(
         step=step,
+        skipped_steps=skipped,
+        skipped_in_a_row=state.get("skipped_in_a_row", 0),
         best_val_loss=state.get("best_val_loss", math.inf),
         metrics=state["metrics"],
         eval_pending=state.get("eval_pending", False),
@@ -257,14 +269,14 @@ def _keep_kernels(saved_groups: list[dict[str, Any]], optimizer: torch.optim.Opt
         saved.update({key: live[key] for key in KERNEL_KEYS if key in live})
 
 
-def _apply_hyperparameters(parts: RunParts, c: TrainConfig, step: int) -> None:
+def _apply_hyperparameters(parts: RunParts, c: TrainConfig, updates: int) -> None:
     # load_state_dict restored the old run's lr, weight_decay and momentum; this invocation's
-    # values replace them (identical floats when unchanged), the rate as of ``step``.
+    # values replace them (identical floats when unchanged), the rate after ``updates``.
     for group in parts.optimizer.param_groups:
         group["weight_decay"] = c.weight_decay
         if "momentum" in group:
             group["momentum"] = c.momentum
-    parts.schedule.reset(step)
+    parts.schedule.reset(updates)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -1,8 +1,10 @@
-"""The learning rate at each step: ``lr × lr_factor(step)``, a linear warm-up, then cosine to
-zero or constant, through torch's own ``LambdaLR``.
+"""The learning rate of each optimizer update: ``lr × lr_factor(k)`` for the k-th, a linear
+warm-up, then cosine to zero or constant, through torch's own ``LambdaLR``.
 
-A resumed run takes its rate from the step and this invocation's ``lr``, ``lr_schedule`` and
-``warmup_steps`` (all applied on resume): the scheduler is rebuilt at the checkpoint's step
+The schedule counts updates applied, not steps: a step skipped as non-finite leaves it where it
+was (``refddp/skipped_steps.py``), as Megatron-LM's and Hugging Face's trainers do. A resumed
+run takes its rate from the checkpoint's update count and this invocation's ``lr``,
+``lr_schedule`` and ``warmup_steps`` (all applied on resume): the scheduler is rebuilt there
 rather than loaded, so a changed ``lr`` takes effect. The checkpoint's
 ``scheduler_state_dict`` is ``LambdaLR``'s own (refddp reads only the step back).
 """
@@ -10,7 +12,6 @@ rather than loaded, so a changed ``lr`` takes effect. The checkpoint's
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from refddp.config import TrainConfig
 
 
 def lr_factor(c: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    """The rate at ``step`` (counted from 0) as a fraction of ``c.lr``."""
+    """The rate of update ``step`` (counted from 0) as a fraction of ``c.lr``."""
 
     def factor(step: int) -> float:
         if step < c.warmup_steps:
@@ -43,32 +44,27 @@ class Schedule:
         self.factor = lr_factor(c, total_steps)
         self.reset(0)
 
-    def rate(self, step: int) -> float:
-        """The learning rate of step ``step`` (counted from 0)."""
-        return self.lr * self.factor(step)
+    def rate(self, update: int) -> float:
+        """The learning rate of update ``update`` (counted from 0)."""
+        return self.lr * self.factor(update)
 
-    def reset(self, step: int) -> None:
-        """Step ``step``'s rate on every group, from this invocation's ``lr``: at the start, and
-        on resume over the groups the optimizer's ``load_state_dict`` installed."""
+    def reset(self, updates: int) -> None:
+        """The rate of update ``updates`` (counted from 0) on every group, from this
+        invocation's ``lr``: at the start, and on resume over the groups the optimizer's
+        ``load_state_dict`` installed."""
         for group in self.optimizer.param_groups:
             group["initial_lr"] = self.lr  # LambdaLR's base rate, which it needs to start late
-        # LambdaLR's first step (in its constructor) moves it to last_epoch + 1 = step.
-        self.scheduler = LambdaLR(self.optimizer, self.factor, last_epoch=step - 1)
-        self.first_advance = True
+        # LambdaLR's first step (in its constructor) moves it to last_epoch + 1 = updates.
+        self.scheduler = LambdaLR(self.optimizer, self.factor, last_epoch=updates - 1)
 
-    def advance(self, step: int) -> None:
-        """Set the rate of step ``step`` (counted from 0), once step ``step - 1`` is done."""
-        if self.scheduler.last_epoch + 1 != step:
-            raise RuntimeError(f"schedule at step {self.scheduler.last_epoch}, asked for {step}")
-        if not self.first_advance:
-            self.scheduler.step()
-            return
-        self.first_advance = False
-        with warnings.catch_warnings():
-            # LambdaLR's first step warns when no optimizer step came before it: here a
-            # skipped update (a non-finite step, fp16's overflow), which is no misuse.
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`")
-            self.scheduler.step()
+    def advance(self, updates: int) -> None:
+        """Set the rate of update ``updates`` (counted from 0), once update ``updates - 1``
+        has been applied (an optimizer step came first: LambdaLR checks)."""
+        if self.scheduler.last_epoch + 1 != updates:
+            raise RuntimeError(
+                f"schedule at update {self.scheduler.last_epoch}, asked for {updates}"
+            )
+        self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:
         """``LambdaLR``'s state, the checkpoint's ``scheduler_state_dict``."""

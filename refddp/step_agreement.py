@@ -10,11 +10,11 @@ micro-batches are fetched, so it is in flight while the first forward runs:
 - a **stop signal** (SIGTERM, SIGINT, SIGUSR1, which SLURM sends before a time limit with
   ``--signal=USR1@SECONDS``) received on any rank before the step started: every rank reads the
   sum at the same step's end and stops there, together;
-- the **loss sum of the step before**, for the trackers' per-step curve (a step late: the loss
-  is only known after the forward, when the all-reduce is long under way).
+- the **loss sum of the step before**, for the trackers' per-step curve (``LateLoss``: a step
+  late, since the loss is only known after the forward, when the all-reduce is long under way).
 
 Whether a step is applied is decided without this all-reduce: from the gradient's norm after
-DDP's all-reduce, the same on every rank (``refddp/trainer.py``).
+DDP's all-reduce, the same on every rank (``refddp/skipped_steps.py``).
 
 Before anything a step leaves behind (an evaluation, a checkpoint, the end) the trainer calls
 ``send(0, ...)`` once more and reads at once (``Trainer.settle``): the last step's loss and a
@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 
 class NonFiniteStep(RuntimeError):
-    """A non-finite loss or gradient with ``on_nonfinite=stop``, raised on every rank alike.
+    """A run ended by non-finite steps (``on_nonfinite=stop``, ``max_consecutive_skips``, amp
+    fp16's ``min_loss_scale``: ``refddp/skipped_steps.py``), raised on every rank alike.
 
     ``recorded``: the rank handed the message to refddp's launcher, which prints it once with
     the ranks that stopped (a rank tearing down may be ended by the agent before it can print).
@@ -84,8 +85,8 @@ class StepAgreement:
     """One rank's side of the per-step all-reduce: ``send`` starts it, ``targets`` waits for
     the count (on the device), ``read`` waits and reads it all on the host.
 
-    One process has nobody to agree with: it keeps what it was sent as it is, builds no
-    tensor, and reads the norm (and a loss to log) as they are."""
+    One process has nobody to agree with: it builds the same values and skips only the
+    all-reduce, so that it too reads them all on the host at once."""
 
     def __init__(self, stop: StopRequest, device: torch.device, world_size: int):
         self.stop, self.device, self.several = stop, device, world_size > 1
@@ -99,20 +100,17 @@ class StepAgreement:
         self._zero = torch.zeros(1, dtype=torch.float64, device=device)
         self._sums: torch.Tensor | None = None
         self._work: Any = None
-        self._sent: tuple[int, torch.Tensor | None] = (0, None)  # one process's
 
     def send(self, targets: int, previous_loss: torch.Tensor | None) -> None:
         """Start summing this rank's ``targets`` (this step's, counted on the host),
         ``previous_loss`` (the loss sum of the step before, to log; None if none) and its
         stop flags over ranks."""
-        self._sent = (targets, previous_loss)
-        if not self.several:
-            return
         # A fill on the device, not a copy from the host (which would wait for the device).
         count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
         loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
         sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])
-        self._work = dist.all_reduce(sums, async_op=True)
+        if self.several:
+            self._work = dist.all_reduce(sums, async_op=True)
         self._sums = sums
 
     def _wait(self) -> torch.Tensor:
@@ -124,18 +122,11 @@ class StepAgreement:
 
     def targets(self) -> torch.Tensor:
         """The global target count of the step sent, on the device (float64)."""
-        if not self.several:
-            return torch.full((), float(self._sent[0]), dtype=torch.float64, device=self.device)
         return self._wait()[0]
 
     def read(self, grad_norm: torch.Tensor | None = None) -> Agreed:
         """Everything sent, summed over ranks, on the host; with ``grad_norm`` (this rank's
         value, the same on every rank) in the same read: one host read a step."""
-        if not self.several:
-            targets, loss = self._sent
-            norm = math.nan if grad_norm is None else float(grad_norm)
-            return Agreed(float(targets), 0.0 if loss is None else float(loss),
-                          self.stop.signal or 0, norm)  # fmt: skip
         sums = self._wait()
         if grad_norm is not None:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
@@ -160,3 +151,32 @@ def ranks_with_nonfinite_loss(step_loss: torch.Tensor, several: bool) -> int:
     if several:
         dist.all_reduce(flag)
     return int(flag.item())
+
+
+class LateLoss:
+    """A step's loss for the trackers, logged one step late: the next agreement (``send``)
+    carries it to every rank, so the per-step curve costs no collective or host read of its
+    own. Only every ``every``-th step's is held (0: none; ``--log-every`` where a tracker
+    logs steps)."""
+
+    def __init__(self, trackers: Any, every: int):
+        self.trackers, self.every = trackers, every
+        self.held: tuple[int, torch.Tensor, float, float] | None = None
+
+    def hold(self, step: int, loss_sum: torch.Tensor, targets: float, lr: float) -> None:
+        """Step ``step``'s loss sum (this rank's, on the device), its global target count and
+        the learning rate it ran at, if the trackers log that step."""
+        due = bool(self.every) and step % self.every == 0
+        self.held = (step, loss_sum, targets, lr) if due else None
+
+    def to_send(self) -> torch.Tensor | None:
+        """The held loss sum, for the agreement about to be sent (None: nothing held)."""
+        return None if self.held is None else self.held[1]
+
+    def agreed(self, loss_sum: float) -> None:
+        """The agreement came back with the held step's global ``loss_sum``: log it."""
+        if self.held is not None:
+            step, _, targets, lr = self.held
+            loss = loss_sum / targets if targets else math.nan
+            self.trackers.log(step, {"train/loss": loss, "train/lr": lr})
+        self.held = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.error_file import LAUNCHED_ENV, USAGE, record_error
+from refddp.error_file import AGREED_STOP, LAUNCHED_ENV, USAGE, record_error
 from refddp.launch import CONFIG_ENV, launch
 from refddp.models import build_model
 from refddp.slurm import srun_task
@@ -192,6 +193,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     ctx = init_distributed(c.device, c.timeout + 60, trace_dir=stacks_dir)
     setup_logging(ctx.rank, c.log_all_ranks)
     started, code = time.perf_counter(), 0
+    unusable, recorded = "", False  # a run whose final evaluation is non-finite: exit 1
     stacks = os.path.join(stacks_dir, f"rank{ctx.rank}.txt")
     try:
         if c.task == "train" and given is not None:
@@ -207,6 +209,17 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                     f"{'stopped' if result['stopped'] else 'done'}: step {result['step']}, "
                     + _validation_summary(result["metrics"])
                 )
+                if result["skipped_steps"]:
+                    summary += f", {result['skipped_steps']} step(s) skipped as non-finite"
+                if not result["stopped"] and not _finite_validation(result["metrics"]):
+                    # The same metrics on every rank (agreed by the evaluation): all fail alike.
+                    unusable = (f"step {result['step']}: the final evaluation is non-finite "
+                                f"({_validation_summary(result['metrics'])})")  # fmt: skip
+                    summary += "; the final evaluation is non-finite"
+                    code = 1
+                    recorded = record_error(unusable, AGREED_STOP)
+                    if ctx.world_size > 1:  # none exits before every rank has recorded it
+                        dist.barrier()
                 if result["stopped_by"] and not under_torchrun():
                     # One process or an srun task, no launcher: its exit code tells preemption
                     # from completion, as the launcher's 128+N does for several ranks (srun
@@ -255,6 +268,8 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
             ctx.world_size,
             c.out,
         )
+    if unusable and not recorded and ctx.is_main:
+        print(f"error: {unusable}", file=sys.stderr)
     return code
 
 
@@ -263,6 +278,12 @@ def _validation_summary(metrics: dict) -> str:
     found = {k: v for k, v in metrics.items() if k.startswith("val_") and isinstance(v, float)}
     found = found or {"val_loss": float("nan")}
     return ", ".join(f"{k} {v:.4f}" for k, v in found.items())
+
+
+def _finite_validation(metrics: dict) -> bool:
+    """Whether every validation metric a record holds is finite."""
+    return all(math.isfinite(v) for k, v in metrics.items()
+               if k.startswith("val_") and isinstance(v, float))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import math
 import os
 import signal
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
-from refddp import checkpoint_formats, run_state, trackers
+from refddp import checkpoint_formats, run_state, skipped_steps, trackers
 from refddp.config import (
     ConfigError,
     TrainConfig,
@@ -41,7 +41,9 @@ from refddp.objectives.batches import to_device
 from refddp.parallel import build_parallel
 from refddp.profiler import StepProfiler
 from refddp.schedule import Schedule
+from refddp.skipped_steps import BufferSnapshot, spread_nonfinite
 from refddp.step_agreement import (
+    LateLoss,
     NonFiniteStep,
     StepAgreement,
     StopRequest,
@@ -102,15 +104,6 @@ def prepare_run_dir(c: TrainConfig) -> None:
         save_yaml(c, path)
 
 
-class Unagreed(NamedTuple):
-    """A step whose loss sum (this rank's, on the device) the next agreement carries to every
-    rank; ``targets``: its global target count, agreed already."""
-
-    step: int
-    loss: torch.Tensor
-    targets: float
-
-
 class Trainer:
     """One rank's training run; ``fit()`` is the loop."""
 
@@ -153,6 +146,9 @@ class Trainer:
         self.forward = self.parallel.module
         fused = fuses_on_cuda(c, self.device)
         self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
+        self.before_step = BufferSnapshot(self.model)  # put back when a step is skipped
+        # Once per invocation, before its first step (``settle_ddp_buckets``).
+        self.bucket_layout_pending = self.parallel.first_backward_rebuilds
         self.schedule = Schedule(self.optimizer, c, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
         self.scaling = self.scaler.is_enabled()
@@ -167,13 +163,9 @@ class Trainer:
         self.pos = run_state.Position()
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
-        self.skipped_steps = 0
         self.agreement = StepAgreement(self.stop, self.device, ctx.world_size)
         self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
         self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
-        # The last step's loss, until the next agreement carries it to every rank (for the
-        # trackers' per-step curve: ``log_step``).
-        self.unagreed: Unagreed | None = None
         self.resumed_from = self._resume()
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
@@ -184,7 +176,7 @@ class Trainer:
         # Every rank alike (the step's agreement carries a logged step's loss): the per-step
         # loss goes to any tracker named besides history.jsonl, which takes evaluations only.
         logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
-        self.log_every = c.log_every if logs_steps else 0
+        self.late_loss = LateLoss(self.trackers, c.log_every if logs_steps else 0)
         self.stragglers = StragglerWatch(ranks_per_node(ctx.world_size))  # a slow node named
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -280,6 +272,7 @@ class Trainer:
             "step_time_s": elapsed / max(w.steps, 1),
             "data_wait_share": w.data_wait / elapsed,
             "peak_memory_mb": peak_memory_mb(self.device),
+            "skipped_steps": self.pos.skipped_steps,
         }
         per_s = record["targets_per_s" if self.objective.sequence else "samples_per_s"]
         mfu = model_flops_utilisation(self.model, self.device, per_s)
@@ -326,19 +319,22 @@ class Trainer:
         return iter(self.loader)
 
     def train_step(self, batches: Any) -> int:
-        """One optimizer step: forward and backward over ``grad_accum`` micro-batches, then the
-        update (clip, step) unless the loss on any rank or the gradient is non-finite.
+        """One training step: forward and backward over ``grad_accum`` micro-batches, then the
+        update (clip, step) unless the gradient is non-finite (then ``skip_step``).
         Returns the stop signal any rank had received when the step began (0: none)."""
         c, window = self.c, self.window
         waited = time.perf_counter()
         micro_batches = [next(batches) for _ in range(c.grad_accum)]
         window.data_wait += time.perf_counter() - waited
-        # Counted on the host before any forward, so that the agreement below is in flight
-        # while the forward runs: the loss's normaliser is the global batch's target count.
-        targets = sum(int(self.objective.count(batch)) for batch in micro_batches)
+        if self.bucket_layout_pending:
+            self.settle_ddp_buckets(micro_batches[0])
+        # Counted before any forward, so that the agreement below is in flight while the
+        # forward runs: the loss's normaliser is the global batch's target count.
+        targets = self.host_target_count(micro_batches)
         # One small all-reduce a step: the global target count, the stop signals, the last
         # step's loss for the trackers (refddp/step_agreement.py).
-        self.agreement.send(targets, self.loss_to_log(self.unagreed))
+        self.agreement.send(targets, self.late_loss.to_send())
+        self.before_step.take()  # the buffers, put back if this step is skipped
         step_loss = None
         for micro, batch in enumerate(micro_batches):
             last = micro == c.grad_accum - 1
@@ -346,14 +342,15 @@ class Trainer:
             with contextlib.nullcontext() if last else self.parallel.no_sync():
                 with window.computing():
                     loss = self.micro_loss(self.forward, self.on_device(batch))
-                # world size / the global count (waited for here), NaN for a non-finite loss
-                scale = self.loss_scale(loss.total)
+                # world size / the global count (waited for here): the gradient is then the
+                # global batch's mean; NaN where this rank's loss is non-finite, which the
+                # gradient reduction carries to every rank (refddp/skipped_steps.py).
+                scale = spread_nonfinite(self.loss_scale(loss.total.dtype), loss.total)
                 with window.computing(not (last and self.several)):  # not the wait for others
                     self.scaler.scale(loss.total * scale).backward()
             detached = loss.total.detach()
             step_loss = detached if step_loss is None else step_loss + detached
         assert step_loss is not None  # grad_accum >= 1
-        step = self.pos.step + 1
         # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
         # holds the same gradient, so every rank finds the same norm and takes the same branch
         # (FSDP's norm is one all-reduce of the shards' norms).
@@ -361,41 +358,54 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient
         norm = self.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
         agreed = self.agreement.read(norm)  # one host read a step: the norm and the agreement
-        self.log_step(self.unagreed, agreed.previous_loss_sum)
-        self.unagreed = Unagreed(step, step_loss, agreed.targets)
+        self.late_loss.agreed(agreed.previous_loss_sum)  # the step before's, to the trackers
+        step = self.pos.step = self.pos.step + 1
+        self.late_loss.hold(step, step_loss, agreed.targets, self.optimizer.param_groups[0]["lr"])
         if self.update(step, step_loss, agreed.grad_norm):
             window.add_loss(step_loss, targets)
         window.targets += agreed.targets
-        self.pos.step = step
-        self.schedule.advance(step)
         window.samples += self.global_batch
         window.steps += 1
         if self.watchdog:
             self.watchdog.progress()
         return agreed.signal
 
+    def host_target_count(self, micro_batches: list[Any]) -> int:
+        """This rank's targets in ``micro_batches``, counted where the loader made them (on
+        the host, before they move to the device): no device read."""
+        return sum(int(self.objective.count(batch)) for batch in micro_batches)
+
+    def settle_ddp_buckets(self, batch: Any) -> None:
+        """One backward of a zero loss on ``batch`` before this invocation's first step, so
+        that every step of every run, fresh or resumed, all-reduces its gradient in DDP's
+        rebuilt bucket layout (why: ``Parallel.first_backward_rebuilds``). It leaves nothing
+        behind: its gradient is dropped, the buffers its forward changed are put back, and
+        the random streams it drew from (dropout) are as they were."""
+        started = time.perf_counter()
+        self.before_step.take()
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            loss = self.micro_loss(self.forward, self.on_device(batch))
+            (loss.total * 0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.before_step.restore()
+        self.bucket_layout_pending = False
+        self.window.exclude(started)  # a start cost, not training
+
     def on_device(self, batch: Any) -> Any:
         """``batch`` on this rank's device (on the CPU it is where the loader made it)."""
         return to_device(batch, self.device) if self.moves_batches else batch
 
-    def loss_scale(self, micro_loss: torch.Tensor) -> torch.Tensor:
-        """What a micro-batch's loss sum is multiplied by before its backward: world size /
-        the global batch's target count. DDP averages gradients over ranks, so the gradient
-        applied is then the sum over every target of the global batch divided by their
-        count, at any world size and accumulation split (0 if the batch has no target). In
-        float32 at least, whatever the loss's dtype.
-
-        A loss that is non-finite on this rank gets a NaN scale instead: its gradient is then
-        NaN, so after the all-reduce every rank's gradient is, and ``update`` skips the step
-        on every rank, with no collective of its own (a non-finite loss can have a finite
-        gradient: cross-entropy against a logit of -inf)."""
-        dtype = torch.promote_types(micro_loss.dtype, torch.float32)
+    def loss_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """What a micro-batch's loss sum (of ``dtype``) is multiplied by before its backward:
+        world size / the global batch's target count. DDP averages gradients over ranks, so
+        the gradient applied is then the sum over every target of the global batch divided by
+        their count, at any world size and accumulation split (0 if the batch has no target).
+        In float32 at least, whatever the loss's dtype."""
+        dtype = torch.promote_types(dtype, torch.float32)
         if self.objective.counts_samples:  # one target a sample: the count is the global batch
-            scale = self.sample_scale(dtype)
-        else:  # waits for the agreed count (in flight since the step began)
-            count = self.agreement.targets()
-            scale = torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
-        return scale + micro_loss.detach() * 0  # 0 x inf and 0 x nan are nan
+            return self.sample_scale(dtype)
+        count = self.agreement.targets()  # waits for the agreed count (in flight since the start)
+        return torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
 
     def sample_scale(self, dtype: torch.dtype) -> torch.Tensor:
         """``loss_scale`` where every sample is one target: world size / global batch, made
@@ -407,66 +417,58 @@ class Trainer:
         return self.sample_scales[dtype]
 
     def update(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
-        """Step the optimizer unless the gradient's ``norm`` is non-finite; True if the step
-        counts as trained. On a non-finite step every rank (all are here alike) counts the
-        ranks whose loss was non-finite, to say why, then stops or counts the skip
-        (``nonfinite_step``). Under fp16 GradScaler skips and lowers its scale itself, except
-        for a non-finite loss, which is no overflow: its scale is kept; a gradient that
-        overflowed behind finite losses is GradScaler's alone and counts as trained."""
-        bad = 0 if math.isfinite(norm) else ranks_with_nonfinite_loss(step_loss, self.several)
-        if self.scaling:
-            self.scaler.step(self.optimizer)  # skips the step on inf/nan fp16 gradients
-            self.scaler.update(self.scaler.get_scale() if bad else None)
-        elif math.isfinite(norm):
+        """Apply step ``step``'s update unless the gradient's ``norm`` (the same on every rank)
+        is non-finite: then skip it on every rank alike (``skip_step``). True if applied."""
+        applied = math.isfinite(norm)
+        if applied:
+            # Not GradScaler.step, which reads its own overflow check on the host: the norm,
+            # read already, says the gradient is finite.
             self.optimizer.step()
+            if self.scaling:
+                self.scaler.update()  # GradScaler's growth count
         self.optimizer.zero_grad(set_to_none=True)
-        if math.isfinite(norm) or (self.scaling and not bad):
-            return True
-        self.nonfinite_step(step, bad, norm)
-        return False
+        if not applied:
+            self.skip_step(step, step_loss, norm)
+            return False
+        self.pos.skipped_in_a_row = 0
+        self.schedule.advance(self.pos.updates)  # the rate of the next update
+        return True
 
-    def nonfinite_step(self, step: int, bad: int, norm: float) -> None:
-        """Step ``step`` was not applied (``bad`` ranks' loss was non-finite, or none and the
-        gradient was): stop every rank (``on_nonfinite=stop``), or count it and say so once."""
-        if bad:
-            what = f"non-finite loss on {bad} of {self.ctx.world_size} rank(s)"
-        else:
-            what = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
-        if self.c.on_nonfinite == "stop":
-            said = f"step {step}: {what}; stopping every rank (on_nonfinite=stop)"
+    def skip_step(self, step: int, step_loss: torch.Tensor, norm: float) -> None:
+        """Step ``step`` is not applied (every rank is here alike): the buffers its forward
+        changed are put back, GradScaler backs off for an overflow, the skip is counted and
+        recorded, and the run ends if it trains nothing (refddp/skipped_steps.py). Only the
+        data position has advanced."""
+        bad = ranks_with_nonfinite_loss(step_loss, self.several)  # a collective: every rank
+        self.before_step.restore()
+        overflow = None
+        if self.scaling:
+            before = self.scaler.get_scale()
+            self.scaler.update(before if bad else None)  # a non-finite loss is no overflow
+            if not bad:
+                overflow = (before, self.scaler.get_scale())
+        pos = self.pos
+        pos.skipped_steps += 1
+        pos.skipped_in_a_row += 1
+        why = skipped_steps.cause(bad, self.ctx.world_size, norm, overflow)
+        self.trackers.skipped(step, why, pos.skipped_steps)
+        ends = skipped_steps.run_ends(self.c, pos.skipped_in_a_row, overflow)
+        if ends:
+            said = f"step {step}: {why}; stopping every rank ({ends})"
             recorded = record_error(said, AGREED_STOP)
             if self.several:  # every rank is here: none exits before all have recorded
                 dist.barrier()
             raise NonFiniteStep(said, recorded=recorded)
-        self.skipped_steps += 1
         if self.ctx.is_main:
-            log.warning("step %d: %s; update skipped on every rank", step, what)
-
-    def loss_to_log(self, pending: Unagreed | None) -> torch.Tensor | None:
-        """Step ``pending``'s loss sum if the trackers log that step (every ``--log-every``
-        steps), for the agreement to carry; else None."""
-        if pending is None or not (self.log_every and pending.step % self.log_every == 0):
-            return None
-        return pending.loss
-
-    def log_step(self, pending: Unagreed | None, loss_sum: float) -> None:
-        """Step ``pending``'s loss (its global ``loss_sum``, agreed a step later, over its
-        targets) and learning rate, to the trackers if they log that step."""
-        if self.loss_to_log(pending) is None:
-            return
-        assert pending is not None
-        loss = loss_sum / pending.targets if pending.targets else math.nan
-        rate = self.schedule.rate(pending.step - 1)
-        self.trackers.log(pending.step, {"train/loss": loss, "train/lr": rate})
+            log.warning("step %d: %s; update skipped on every rank", step, why)
 
     def settle(self) -> int:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for
         the trackers) and a stop signal received since the step began. Every rank calls it at
         the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
-        self.agreement.send(0, self.loss_to_log(self.unagreed))
+        self.agreement.send(0, self.late_loss.to_send())
         agreed = self.agreement.read()
-        self.log_step(self.unagreed, agreed.previous_loss_sum)
-        self.unagreed = None
+        self.late_loss.agreed(agreed.previous_loss_sum)
         return agreed.signal
 
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:
@@ -561,6 +563,6 @@ class Trainer:
             "epoch": self.epoch,
             "stopped_by": self.stopped_by,
             "stopped": stopping,
-            "skipped_steps": self.skipped_steps,
+            "skipped_steps": pos.skipped_steps,
             "metrics": pos.metrics,
         }

@@ -244,7 +244,7 @@ def fit_recording_scales(out: str, **overrides) -> dict:
 
     def recorded(batches):
         signum = train_step(batches)
-        steps.append((trainer.pos.step, trainer.skipped_steps, trainer.scaler.get_scale()))
+        steps.append((trainer.pos.step, trainer.pos.skipped_steps, trainer.scaler.get_scale()))
         return signum
 
     trainer.train_step = recorded

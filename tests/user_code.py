@@ -320,3 +320,62 @@ class CheckpointedMLP(torch.nn.Module):
 def checkpointed_mlp(config):
     return CheckpointedMLP(config).to(getattr(torch, config.dtype))
 
+
+
+def nan_gradient_every_step_loss(outputs, batch):
+    """Cross-entropy summed over the batch plus a distance between the outputs and a detached
+    copy of them: finite (0 added) in value, NaN (0/0) in gradient, at every step, on every
+    rank: a run that can train nothing."""
+    _, y = batch
+    total = torch.nn.functional.cross_entropy(outputs, y, reduction="sum")
+    return total + ((outputs - outputs.detach()) ** 2).sum().sqrt(), (y != -100).sum()
+
+
+class ExpertBias(torch.nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.zeros(size))
+
+
+class ExpertMLP(torch.nn.Module):
+    """An MLP plus a per-rank expert bias that DDP is told to leave alone (what tensor- and
+    expert-parallel code does with ``_ddp_params_and_buffers_to_ignore``; in a sub-module: DDP
+    ignores no top-level parameter, whatever the list says). On rank ``$REFDDP_TEST_BAD_RANK``
+    (default 1), the ``$REFDDP_TEST_BAD_FORWARD``-th training forward (default 3; 0: every
+    one) makes the expert's gradient NaN behind a finite loss: a non-finite gradient that
+    DDP's all-reduce never carries to the other ranks."""
+
+    def __init__(self, config):
+        super().__init__()
+        from refddp.models import MLP
+
+        self.mlp = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+        self.expert = ExpertBias(config.num_classes)
+        self.forwards = 0
+
+    def forward(self, x):
+        expert = self.expert.value
+        out = self.mlp(x) + expert
+        if self.training:
+            self.forwards += 1
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            at = int(os.environ.get("REFDDP_TEST_BAD_FORWARD", "3"))
+            if rank == int(os.environ.get("REFDDP_TEST_BAD_RANK", "1")) and at in (0, self.forwards):
+                out = out + ((expert - expert.detach()) ** 2).sum().sqrt()
+        return out
+
+
+def expert_mlp(config):
+    model = ExpertMLP(config).to(getattr(torch, config.dtype))
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["expert.value"]
+    )
+    return model
+
+
+def nonfinite_val_datasets(config):
+    """Finite training data; one validation sample is inf: the evaluation is non-finite."""
+    train, val = synthetic(config)
+    x = val.x.clone()
+    x[0] = float("inf")
+    return train, TensorPairDataset(x, val.y)

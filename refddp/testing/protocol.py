@@ -8,7 +8,14 @@ closes, so that every rank answers every task with a message.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, NamedTuple
+
+# The signal a rank dumps every thread's stack on (faulthandler's, registered by the rank):
+# a real-time signal, which no trainer or launcher takes for itself. SIGUSR1, the obvious
+# choice, is SLURM's time-limit signal, which refddp's trainer and others handle (a stop
+# request): a rank running one answered the driver's stack request by stopping, not dumping.
+STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
 class Health(NamedTuple):

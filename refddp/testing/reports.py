@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 
 from refddp.testing.collectives import SlotReading, read_slot, slot_path_for
-from refddp.testing.protocol import FAILURES, Died, Failed, Reply
+from refddp.testing.protocol import FAILURES, STACK_SIGNAL, Died, Failed, Reply
 from refddp.testing.rank_lists import group, group_rank_lines, rank_list, who
 
 OUTPUT_TAIL_LINES = 40
 SHOWN_IN_FULL = 16  # ranks: up to this world size every traceback, stack and output is shown
+STACK_WAIT_S = 5.0  # for every rank's dump: generous, on a machine loaded by a compile
 FULL_SECTIONS = 6  # beyond it, distinct tracebacks, stacks or outputs in full; the rest one line
 _THREAD_ID = re.compile(r"0x[0-9a-f]{8,}")
 _PEER_PORT = re.compile(r"(\[[0-9a-fA-F.:]+\]):\d+")  # gloo's "[127.0.0.1]:5528"
@@ -54,7 +54,8 @@ class PoolFiles:
 
     def dump_stacks(self, pids: dict[int, int]) -> dict[int, str]:
         """Every thread's Python stack of each listed (still running) rank -> pid, through the
-        faulthandler each rank registered for SIGUSR1, with the last collective it entered."""
+        faulthandler each rank arms for ``STACK_SIGNAL``, with the last collective it entered.
+        A rank that writes none within ``STACK_WAIT_S`` gets one line saying why instead."""
         ranks = list(pids)
         if not ranks:
             return {}
@@ -62,10 +63,10 @@ class PoolFiles:
         before = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
         for r in ranks:
             try:
-                os.kill(pids[r], signal.SIGUSR1)
+                os.kill(pids[r], STACK_SIGNAL)
             except ProcessLookupError:
                 pass
-        deadline, last = time.monotonic() + 2.0, None
+        deadline, last = time.monotonic() + STACK_WAIT_S, None
         while time.monotonic() < deadline:  # until every dump has stopped growing
             time.sleep(0.05)
             sizes = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
@@ -76,7 +77,8 @@ class PoolFiles:
         for r, p in paths.items():
             with open(p, "rb") as f:
                 f.seek(before[r])
-                text = f.read().decode(errors="replace").strip() or "(no stack could be read)"
+                text = f.read().decode(errors="replace").strip()
+            text = text or f"(no stack: {why_no_stack(pids[r])})"
             last_collective = read_slot(slot_path_for(self.workdir, r)).last or "none"
             stacks[r] = f"last collective entered: {last_collective}\nstack (all threads):\n{text}"
         return stacks
@@ -128,6 +130,43 @@ class PoolFiles:
             lines.append(f"--- output of {who(sorted(rest))} not shown: "
                          f"{len(outputs) - room} more distinct output(s)")  # fmt: skip
         return "\n".join(lines)
+
+
+def why_no_stack(pid: int) -> str:
+    """Why the rank ``pid`` wrote no stack when asked, in one line, from what the kernel says
+    of it (``/proc``): stopped, exited, ignoring or blocking the signal, its handler replaced,
+    or none of these (then it was slow to answer)."""
+    signum = int(STACK_SIGNAL)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        masks = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                masks += [ln.split()[1] for ln in f if ln.startswith("SigBlk:")]
+    except (OSError, IndexError, ValueError):
+        return "it exited before it could answer"
+
+    def has(mask: str) -> bool:
+        return bool(int(mask, 16) >> (signum - 1) & 1)
+
+    if state in ("T", "t"):
+        return f"it is stopped (state {state}: SIGSTOP or a debugger) and cannot run its dump"
+    if state in ("Z", "X"):
+        return "it exited before it could answer"
+    if has(status.get("SigIgn", "0")):
+        return f"it ignores signal {signum}, the harness's stack request (set by the test's code)"
+    if masks and all(has(m) for m in masks):
+        return f"every thread of it blocks signal {signum}, the harness's stack request"
+    if not has(status.get("SigCgt", "0")):
+        return f"its handler for signal {signum} (the harness's stack request) was removed"
+    if state == "D":
+        return "it is in uninterruptible sleep in the kernel (a disk or a mount not answering)"
+    return (f"it did not answer within {STACK_WAIT_S:.0f} s (state {state}, load average "
+            f"{os.getloadavg()[0]:.1f}): a handler of the test's own for signal {signum} took "
+            "the request, or the machine is too loaded")
 
 
 def _same_for_every_process(text: str) -> str:

@@ -44,6 +44,7 @@ from refddp.testing import collectives, context, faults, leftovers, nodes, rank_
 from refddp.testing.context import RankContext
 from refddp.testing.protocol import (
     RANK_FIXTURES,
+    STACK_SIGNAL,
     Done,
     Failed,
     Health,
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         # work, and waiting for the store would keep this rank alive for minutes.
         _exit(cov, 3)
     stack_file = open(os.path.join(args.workdir, f"rank{args.rank}.stack"), "w")  # noqa: SIM115
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    arm_stack_dumps(stack_file)
     collectives.install(collectives.slot_path_for(args.workdir, args.rank))
     torch.set_num_threads(1)
     nodes.take_node_hostname()
@@ -287,8 +288,20 @@ def main(argv: list[str] | None = None) -> None:
             break
         if isinstance(message, Stop):
             break
-        conn.send(_run_task(message, ctx, start, args.workdir))
+        reply = _run_task(message, ctx, start, args.workdir)
+        arm_stack_dumps(stack_file)  # (the task may have taken the signal for itself)
+        conn.send(reply)
     _exit(cov, 0)
+
+
+def arm_stack_dumps(stack_file: Any) -> None:
+    """Dump every thread's stack to ``stack_file`` on ``STACK_SIGNAL`` (the driver's request
+    when a task hangs). faulthandler's handler runs in C, without the GIL, so a rank blocked
+    anywhere answers. Armed afresh after each task: a task that set a handler of its own for
+    the signal, then put back what Python had recorded (the default action), would otherwise
+    leave the next hang's stack request to kill the rank."""
+    faulthandler.unregister(STACK_SIGNAL)  # (register alone keeps an armed handler as it is)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
 
 
 def _exit(cov: Any, code: int) -> None:

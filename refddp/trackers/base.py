@@ -7,7 +7,11 @@ fan-out on every rank; on the others it holds no tracker). What a tracker receiv
   learning rate, every ``--log-every`` steps. The loss rides the next step's agreement
   (``refddp/step_agreement.py``) and is read with it: no collective or host read of its own.
 - ``record(record)``: one evaluation's history record (validation metrics, the window's mean
-  training loss, throughput, data wait, memory, stragglers), as ``history.jsonl`` holds it.
+  training loss, throughput, data wait, memory, stragglers, skipped steps so far), as
+  ``history.jsonl`` holds it.
+- ``skipped(step, cause, total)``: a step skipped as non-finite (``refddp/skipped_steps.py``),
+  why, and the run's count so far: ``history.jsonl`` writes a line for it, the others log the
+  count as ``train/skipped_steps``.
 - ``flush()`` before every checkpoint is written: what a killed run logged up to its last
   checkpoint is on disk, and its resume (``Run.start_step``) continues from there. A tracker
   hides what a killed invocation logged after that checkpoint (TensorBoard: ``purge_step``).
@@ -52,6 +56,10 @@ class Tracker:
     def record(self, record: dict[str, Any]) -> None:
         """One evaluation's history record (its ``step`` says when)."""
 
+    def skipped(self, step: int, cause: str, total: int) -> None:
+        """Step ``step`` was skipped for ``cause``; the run has skipped ``total`` so far."""
+        self.log(step, {"train/skipped_steps": float(total)})
+
     def flush(self) -> None:
         """Put everything logged so far on disk (a checkpoint is about to be written)."""
 
@@ -67,7 +75,8 @@ def missing_extra(tracker: str, extra: str) -> ConfigError:
 
 
 TAG_GROUPS = {"train_loss": "train/mean_loss", "epoch": "train/epoch",
-              "peak_memory_mb": "memory/peak_mb"}  # fmt: skip
+              "peak_memory_mb": "memory/peak_mb",
+              "skipped_steps": "train/skipped_steps"}  # fmt: skip
 
 
 def record_scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -123,6 +132,11 @@ class Trackers:
         for tracker in self.opened:
             if tracker.logs_steps:
                 self._keeping_failure(tracker.log, step, scalars)
+
+    def skipped(self, step: int, cause: str, total: int) -> None:
+        """A skipped step, to every tracker (where ``log`` is called: it raises nothing)."""
+        for tracker in self.opened:
+            self._keeping_failure(tracker.skipped, step, cause, total)
 
     def flush(self) -> None:
         """Before a checkpoint (every rank calls it there, so it raises nothing: see ``log``)."""

@@ -1,6 +1,8 @@
-"""``--log-to jsonl`` (always on): ``history.jsonl``, one JSON line per evaluation.
+"""``--log-to jsonl`` (always on): ``history.jsonl``, one JSON line per evaluation, and one per
+step skipped as non-finite (``{"step": 13, "skipped": "<cause>", "skipped_steps": 2}``: no
+``val_loss``: ``python -m refddp.plot`` leaves them out).
 
-It holds the run's own evaluations only. A resumed run first drops the lines past the step it
+It holds the run's own lines only. A resumed run first drops the lines past the step it
 resumes from: the evaluations a killed invocation recorded after its last checkpoint, which
 the resumed run redoes. A run that starts afresh in a used directory (``--resume never``)
 drops them all: an earlier run's lines would read as this run's.
@@ -32,6 +34,9 @@ class History(Tracker):
     def record(self, record: dict[str, Any]) -> None:
         with writing(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+    def skipped(self, step: int, cause: str, total: int) -> None:
+        self.record({"step": step, "skipped": cause, "skipped_steps": total})
 
 
 def truncate_history(path: str, step: int) -> None:

@@ -76,6 +76,7 @@ def test_mixed_precision_trains_on_cpu(run_cli, tiny, amp):
         assert ckpt["scaler_state_dict"]["scale"] > 0
 
 
+@pytest.mark.slow  # three CLI runs: ~23 s
 def test_world_size_and_accumulation_split_give_the_same_weights(run_cli, tiny):
     flags = {**tiny, "global_batch_size": 8, "epochs": 2}
     one = run_cli("--nproc", 1, out="one", **flags).weights()

@@ -25,9 +25,12 @@ from refddp.testing import cluster as cluster_module
 from refddp.testing.cluster import Cluster
 from tests.cli_runs import REPO, run, train_command
 
-pytestmark = pytest.mark.skipif(
-    cluster_module.unavailable() is not None, reason=str(cluster_module.unavailable())
-)
+pytestmark = [
+    pytest.mark.skipif(cluster_module.unavailable() is not None,
+                       reason=str(cluster_module.unavailable())),  # fmt: skip
+    pytest.mark.slow,  # real nodes, each test whole jobs on them: 20-80 s each
+    pytest.mark.heavy,
+]
 DATA = "tests.user_code:slow_train_datasets"  # $REFDDP_TEST_SLOW_TRAIN s an item, else fast
 
 
@@ -212,13 +215,14 @@ def test_two_nodes_of_two_end_bit_identical_to_one_node_of_four(tmp_path, tiny, 
     assert_same(weights(holders[0]), one_node_of_four)
 
 
-def test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact(tmp_path, tiny):
-    # One rank a node: the rerun can then be bit-exact (at 3+ ranks DDP's bucket rebuild
-    # after a run's first step changes the order of the first resumed step's sums:
-    # docs/known-limitations.md).
+def test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact(
+    tmp_path, tiny, one_node_of_four
+):
+    # Two nodes of two ranks: the rerun is bit-exact at 4 ranks too (every run's first step
+    # uses DDP's rebuilt bucket layout: trainer.md).
     out = tmp_path / "shared"
     slow = {"REFDDP_TEST_SLOW_TRAIN": "0.1"}
-    commands = [torchrun(k, out, job_flags(tiny), nproc=1) for k in range(2)]
+    commands = [torchrun(k, out, job_flags(tiny), nproc=2) for k in range(2)]
     with Cluster(2) as cluster:
         nodes = start_nodes(cluster, commands, slow)
         until_first_checkpoint(out)
@@ -235,7 +239,7 @@ def test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact(tm
         results = finish(start_nodes(cluster, commands))
     assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)
     assert "resumed from" in results[0][1]
-    assert_same(weights(out), on_one_node(tmp_path / "one-node", 2))
+    assert_same(weights(out), one_node_of_four)
 
 
 def test_a_killed_node_started_again_rejoins_under_max_restarts_and_the_job_ends_exact(

@@ -18,8 +18,12 @@ import pytest
 
 from tests import unprivileged
 
-pytestmark = pytest.mark.skipif(unprivileged.why_not() is not None,
-                                reason=str(unprivileged.why_not()))  # fmt: skip
+pytestmark = [
+    pytest.mark.skipif(unprivileged.why_not() is not None,
+                       reason=str(unprivileged.why_not())),  # fmt: skip
+    pytest.mark.slow,  # the cluster tests again, as another user: ~90 s
+    pytest.mark.heavy,
+]
 
 SELECTED = [f"tests/multiproc/test_cluster.py::{name}" for name in (
     "test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",

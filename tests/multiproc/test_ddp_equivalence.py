@@ -176,12 +176,13 @@ def test_gradient_accumulation_equals_the_big_batch_and_syncs_only_at_the_end(sp
 
 def test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike(spawn, tmp_path):
     # Rank 1's gradient overflows every third step; after DDP's all-reduce every rank holds
-    # the inf, so GradScaler must skip that step and halve its scale on every rank.
+    # the inf, so GradScaler must skip that step and halve its scale on every rank (counted
+    # as skipped, as any non-finite step: the losses stayed finite).
     results = spawn(
         fit, str(tmp_path), model="tests.user_code:spiky_mlp", amp="fp16", dtype="float32", epochs=1
     )
     steps = results[0]["step"]
-    assert steps >= 6 and results[0]["result"]["skipped_steps"] == 0, "losses stayed finite"
+    assert steps >= 6 and results[0]["result"]["skipped_steps"] == steps // 3
     assert results[0]["scale"] == results[1]["scale"] == 65536.0 * 0.5 ** (steps // 3)
     for key, value in results[0]["weights"].items():
         assert torch.isfinite(value).all(), key

@@ -47,6 +47,7 @@ def test_empty_shards_are_a_problem(spawn):
     assert any("leaves 1 rank(s) empty" in p for p in report["problems"])
 
 
+@pytest.mark.slow  # the doctor's own 2-rank job: ~23 s
 def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
     ok = subprocess.run(
         # --device cpu: the CPU suite runs on CPU on GPU machines too

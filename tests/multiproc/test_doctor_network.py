@@ -13,9 +13,11 @@ from refddp.testing import cluster as cluster_module
 from refddp.testing.cluster import Cluster
 from tests.cli_runs import REPO
 
-pytestmark = pytest.mark.skipif(
-    cluster_module.unavailable() is not None, reason=str(cluster_module.unavailable())
-)
+pytestmark = [
+    pytest.mark.skipif(cluster_module.unavailable() is not None,
+                       reason=str(cluster_module.unavailable())),  # fmt: skip
+    pytest.mark.heavy,  # real nodes
+]
 DOCTOR = [sys.executable, "-m", "refddp.doctor", "--network"]
 
 

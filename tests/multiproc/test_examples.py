@@ -12,6 +12,7 @@ def last_record(run):
     return json.loads((run.out / "history.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.slow  # a real workload: ~27 s
 def test_the_digits_cnn_example_learns_scikit_learns_handwritten_digits(run_cli):
     done = run_cli("--config", "examples/digits_cnn.yaml", "--nproc", 2, epochs=3, device="cpu")
     record = last_record(done)
@@ -20,6 +21,7 @@ def test_the_digits_cnn_example_learns_scikit_learns_handwritten_digits(run_cli)
     assert record["targets_per_s"] == record["samples_per_s"]
 
 
+@pytest.mark.slow  # a real workload: ~28 s
 def test_the_gpt2_example_learns_byte_level_text_read_from_this_machine(run_cli):
     done = run_cli("--config", "examples/gpt2_bytes.yaml", "--nproc", 2, input_dim=32,
                    hidden_size=32, depth=2, train_size=640, val_size=64, epochs=1,

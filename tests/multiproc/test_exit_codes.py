@@ -124,6 +124,7 @@ def test_yaml_numbers_written_with_an_exponent_load(run_cli, tiny, tmp_path):
     assert "done: step 10" in done.stderr
 
 
+@pytest.mark.slow  # a launcher run, and a SIGKILL and restart: 20-45 s each
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("restart", [False, True], ids=["no_restart", "sigkill_and_restart"])
 def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):

@@ -90,6 +90,7 @@ def no_leftovers(tmp_path):
     )
 
 
+@pytest.mark.slow  # an elastic restart and a second run: ~35 s
 def test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical(tmp_path, spawn, no_leftovers):
     flags = ["--nproc", 2, "--epochs", 3, "--ckpt-every", 4]
     straight = run(cli(tmp_path / "straight", *flags))
@@ -122,6 +123,7 @@ def test_sigkill_without_restarts_fails_naming_the_rank(tmp_path, spawn, no_left
     assert last.startswith("error: training failed: ") and "rank 1 killed by SIGKILL" in last
 
 
+@pytest.mark.slow  # three 2,000-step runs through the launcher: 90-110 s
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_the_launcher_checkpoints_and_a_rerun_finishes_identically(
     tmp_path, spawn, no_leftovers, sig, code

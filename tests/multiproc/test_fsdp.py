@@ -26,6 +26,7 @@ pytestmark = needs_fsdp2
 STEPS_CLOSE = {"rtol": 1e-9, "atol": 1e-12}  # float64: reduction order only
 
 
+@pytest.mark.slow  # two CLI runs: ~25 s
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_fsdp_run_equals_the_ddp_run_with_accumulation_and_clipping(run_cli, tiny, optimizer):
     # val_size 33 at 2 ranks x batch 8: shards of 17 and 16, 3 and 2 forwards (lockstep pads).
@@ -61,6 +62,7 @@ def test_fsdp_checkpoint_is_a_plain_full_dict_a_bare_model_evaluates(run_cli, ti
     torch.optim.AdamW(model.parameters()).load_state_dict(state["optimizer_state_dict"])
 
 
+@pytest.mark.slow  # six CLI runs: ~70 s
 def test_a_run_resumes_across_strategies_and_world_sizes(run_cli, tiny):
     # Global batch 24 divides by 1, 2 and 3 ranks: 4 steps per epoch, 8 in all.
     flags = {**{k: v for k, v in tiny.items() if k != "batch_size"}, "global_batch_size": 24}
@@ -73,6 +75,7 @@ def test_a_run_resumes_across_strategies_and_world_sizes(run_cli, tiny):
     assert_same_weights(last.weights(), straight.weights(), **STEPS_CLOSE)
 
 
+@pytest.mark.slow  # CLI runs: ~45 s
 def test_fsdp_starts_from_rank0_weights_like_ddp(run_cli, tiny):
     # init_from weights are read by rank 0 only: FSDP must hand them to every rank, as DDP does.
     source = run_cli("--nproc", 1, "--seed", 5, out="source", **tiny)
@@ -117,14 +120,17 @@ def test_a_sigkilled_fsdp_rank_is_restarted_from_its_dcp_checkpoint_bit_identica
     assert_same_weights(state["model_state_dict"], straight.weights())  # bit for bit
 
 
-@pytest.mark.slow  # inductor compiles each FSDP unit, or DDP's graph split at buckets: ~20 s
+# inductor compiles each FSDP unit, or DDP's graph split at buckets: 20-65 s under -n 2 (its
+# compile workers load every core, hence heavy: never beside another heavy test)
+@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_torch_compile_trains_like_eager(spawn, tmp_path, strategy):
     # Under DDP the compiled module is torch.compile around DDP around the user's model.
     flags = dict(strategy=strategy, epochs=1)
     eager = spawn(fit_counting_compiled_graphs, str(tmp_path / "eager"), **flags)[0]
     compiled = spawn(fit_counting_compiled_graphs, str(tmp_path / "compiled"), compile=True,
-                     **flags)[0]  # fmt: skip
+                     timeout=240, **flags)[0]  # fmt: skip
     assert eager["graphs"] == 0 and compiled["graphs"] > 0
     assert_same_weights(compiled["weights"], eager["weights"], **STEPS_CLOSE)
 

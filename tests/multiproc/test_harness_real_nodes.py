@@ -19,10 +19,11 @@ import torch.distributed as dist
 from refddp.testing import RankFailure, RankTimeout, faults, warm_pools
 from refddp.testing import cluster as cluster_module
 
-pytestmark = pytest.mark.skipif(
-    cluster_module.unavailable_to_ranks() is not None,
-    reason=str(cluster_module.unavailable_to_ranks()),
-)
+pytestmark = [
+    pytest.mark.skipif(cluster_module.unavailable_to_ranks() is not None,
+                       reason=str(cluster_module.unavailable_to_ranks())),  # fmt: skip
+    pytest.mark.heavy,  # real nodes: a bridge and namespaces per pool
+]
 NODE0, NODE1 = ("node0", "10.213.0.1"), ("node1", "10.213.0.2")  # cluster.py's addresses
 
 

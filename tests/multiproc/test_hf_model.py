@@ -103,6 +103,7 @@ def test_a_gpt2_checkpoint_loads_strictly_into_the_bare_hf_model_and_evaluates_t
     assert abs(total / count - recorded["val_loss"]) < 1e-5 * recorded["val_loss"]
 
 
+@pytest.mark.slow  # transformers in every rank, CLI runs: ~50 s
 def test_predict_writes_gpt2_logits_for_every_sample_in_dataset_order(run_cli, tmp_path):
     flags = {k: v for k, v in GPT2_RUN.items() if k != "global_batch_size"}
     run_cli("--nproc", 2, "--batch-size", 6, **flags)
@@ -148,6 +149,8 @@ def fit_compiling_every_block(out: str, **overrides) -> list[int]:
     return [len(_debug_get_cache_entry_list(f.__code__)) for f in compiled if f is not None]
 
 
+@pytest.mark.slow  # inductor compiles twelve blocks: ~45 s
+@pytest.mark.heavy
 def test_compile_under_fsdp_compiles_every_one_of_twelve_blocks(spawn, tmp_path):
     flags = dict(GPT2_RUN, depth=12, strategy="fsdp", compile=True, max_steps=2)
     for graphs in spawn(fit_compiling_every_block, str(tmp_path), timeout=300, **flags):

@@ -22,6 +22,7 @@ def assert_same_weights(a, b, rtol=0.0, atol=0.0):
         torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=key)
 
 
+@pytest.mark.slow  # loader workers in three runs: ~55 s
 def test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is_bit_identical(
     run_cli, tiny
 ):
@@ -49,6 +50,7 @@ def test_resume_mid_epoch_with_dropout_batchnorm_and_worker_augmentation_is_bit_
 INVARIANT = {"dropout": 0.0, "global_batch_size": 8, "epochs": 1}
 
 
+@pytest.mark.slow  # eight runs: ~75 s
 def test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no_accumulation_no_dropout(
     run_cli, tiny
 ):
@@ -65,6 +67,7 @@ def test_batchnorm_model_is_world_size_invariant_only_with_sync_bn_no_accumulati
             assert_same_weights(other, one, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow  # a CLI run: ~22 s
 def test_a_batchnorm_checkpoint_evaluates_in_a_plain_loop_to_its_recorded_metric(run_cli, tiny):
     # Two ranks without --sync-bn: their batch norm statistics differ after training, so the
     # trainer must give every rank rank 0's before evaluating, or its metric is not the saved
@@ -85,6 +88,7 @@ def test_a_batchnorm_checkpoint_evaluates_in_a_plain_loop_to_its_recorded_metric
     assert loss / len(val) == pytest.approx(ckpt["metrics"]["val_loss"], rel=1e-12)
 
 
+@pytest.mark.slow  # loader workers in three runs: ~30 s
 def test_resume_at_an_epoch_boundary_repeats_augmentation_drawn_from_the_workers_seeds(
     run_cli, tiny
 ):

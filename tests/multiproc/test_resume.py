@@ -42,6 +42,7 @@ def without_batch_size(flags):
     return {k: v for k, v in flags.items() if k != "batch_size"}
 
 
+@pytest.mark.slow  # CLI runs: ~35 s
 def test_resume_at_another_world_size_and_accumulation_keeps_the_global_batch(run_cli, tiny):
     straight = run_cli("--nproc", 1, out="straight", **tiny)  # global batch 8: 24 steps
     run_cli("--nproc", 1, "--stop-after", 6, out="hop", **tiny)
@@ -87,6 +88,7 @@ def test_lr_and_weight_decay_changed_on_resume_are_applied_and_recorded(run_cli,
     assert (saved["lr"], saved["weight_decay"]) == (0.002, 0.1)
 
 
+@pytest.mark.slow  # CLI runs: ~22 s
 @pytest.mark.parametrize("stop_after", [12, 24], ids=["epoch-end", "last-step"])
 def test_a_stop_at_an_epoch_end_or_the_last_step_loses_no_evaluation(run_cli, tiny, stop_after):
     straight = run_cli(out="straight", **tiny)  # 12 steps per epoch, 24 in all
@@ -101,6 +103,7 @@ def test_a_stop_at_an_epoch_end_or_the_last_step_loses_no_evaluation(run_cli, ti
 BEST = "checkpoint_best.pth"
 
 
+@pytest.mark.slow  # CLI runs: ~22 s
 def test_init_from_starts_a_new_run_from_the_weights_only(run_cli, tiny):
     first = run_cli(out="first", **tiny)
     source = first.out / "checkpoints" / "checkpoint_latest.pth"
@@ -122,6 +125,7 @@ def test_init_from_a_checkpoint_of_another_model_is_refused_before_any_rank(run_
     assert "does not fit this model" in only_error_line(refused.stderr)
 
 
+@pytest.mark.slow  # simulated nodes, four CLI runs: ~50 s
 def test_two_nodes_with_node_local_out_resume_from_the_same_state(tmp_path, tiny, spawn):
     # Only rank 0 writes checkpoints, so only node A's --out has one when the job reruns; the
     # rerun leaves the model's width and the learning rate to that checkpoint's config, which
@@ -186,6 +190,7 @@ def test_a_rank_takes_rank_0s_config_only_where_its_command_is_silent(spawn, fie
         assert outcome in results[0], results[0]
 
 
+@pytest.mark.slow  # CLI runs: ~25 s
 def test_ranks_that_find_different_checkpoints_stop_in_one_line(tmp_path, tiny, spawn):
     outs = [tmp_path / "node-a", tmp_path / "node-b"]
     rendezvous = loopback_store()  # node B starts first: rank 0, so its --out gets the checkpoint
@@ -200,6 +205,7 @@ def test_ranks_that_find_different_checkpoints_stop_in_one_line(tmp_path, tiny, 
     assert not (outs[0] / "checkpoints").exists(), "nothing was trained from scratch"
 
 
+@pytest.mark.slow  # a long evaluation, twice: ~40 s
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_during_a_long_evaluation_stops_promptly_and_the_rerun_evaluates(
     tmp_path, tiny, spawn, nproc

@@ -61,6 +61,7 @@ def test_tensorboard_and_wandb_show_the_runs_curves(straight):
         assert curves["train/lr"][-1][1] < curves["train/lr"][0][1]
 
 
+@pytest.mark.slow  # CLI runs: ~40 s
 @pytest.mark.slow  # two more runs with W&B's start-up: ~30 s under this machine's load
 def test_a_run_resumed_from_an_earlier_checkpoint_continues_the_curves_once(tmp_path, straight):
     out = tmp_path / "run"

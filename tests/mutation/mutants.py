@@ -67,6 +67,8 @@ T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
 BATCHES = "refddp/objectives/batches.py"
 IMAGE_FOLDER = "refddp/image_folder.py"
+SKIPPED, T_SKIPPED_STEPS = "refddp/skipped_steps.py", "tests/multiproc/test_skipped_steps.py"
+PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/multiproc/test_hang_stacks.py"
 UNITTEST = "refddp/testing/unittest_case.py"
 
 LINT_RULES, LINT_IR = "refddp/lint/rules.py", "refddp/lint/ir.py"
@@ -177,28 +179,26 @@ MUTANTS = (
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
-        "schedule-restarts-on-resume", "a resumed run's learning rate is its step's", RUN_STATE,
-        "    parts.schedule.reset(step)", "    parts.schedule.reset(0)",
+        "schedule-restarts-on-resume", "a resumed run's learning rate is its update's", RUN_STATE,
+        "    parts.schedule.reset(updates)", "    parts.schedule.reset(0)",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical",),
     ),
     Mutant(
         "resume-keeps-the-saved-lr", "a learning rate changed on resume is applied", RUN_STATE,
-        "    parts.schedule.reset(step)", "    pass",
+        "    parts.schedule.reset(updates)", "    pass",
         ("tests/multiproc/test_resume.py::test_lr_and_weight_decay_changed_on_resume_are_applied"
          "_and_recorded",),
     ),
     Mutant(
         "lr-never-advances", "the learning-rate schedule", SCHEDULE,
-        "        if not self.first_advance:\n            self.scheduler.step()\n            return",
-        "        if not self.first_advance:\n            return",
+        "            )\n        self.scheduler.step()", "            )",
         (f"{T_SCHEDULE}::test_the_schedule_sets_what_lambda_lr_would_at_every_step_and_saves_its"
          "_state[cosine]",),
     ),
     Mutant(
         "schedule-restarts-at-step-0", "the learning-rate schedule after a resume", SCHEDULE,
-        "last_epoch=step - 1)", "last_epoch=-1)",
-        (f"{T_SCHEDULE}::test_a_resumed_schedule_takes_its_rate_from_the_step_and_this"
-         "_invocations_lr",),
+        "last_epoch=updates - 1)", "last_epoch=-1)",
+        (f"{T_SCHEDULE}::test_a_resumed_schedule_takes_its_rate_from_the_step_and_this_invocations_lr",),
     ),
     Mutant(
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
@@ -943,10 +943,9 @@ MUTANTS = (
     # agreed before the backward, the skip decided from the all-reduced gradient's norm.
     Mutant(
         "count-of-one-micro-batch", "exact normalisation over every micro-batch", TRAINER,
-        "targets = sum(int(self.objective.count(batch)) for batch in micro_batches)",
-        "targets = int(self.objective.count(micro_batches[0])) * len(micro_batches)",
-        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation"
-         "_split[cross_entropy]",),
+        "return sum(int(self.objective.count(batch)) for batch in micro_batches)",
+        "return int(self.objective.count(micro_batches[0])) * len(micro_batches)",
+        (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation_split[cross_entropy]",),
     ),
     Mutant(
         "count-not-agreed", "exact normalisation over every rank's targets", AGREEMENT,
@@ -983,30 +982,23 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-loss-not-poisoning-the-gradient", "a non-finite loss is skipped on every rank",
-        TRAINER, "return scale + micro_loss.detach() * 0  # 0 x inf and 0 x nan are nan",
-        "return scale",
-        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
-         "_process_skips_it[inf-loss-ddp]",),
+        SKIPPED, "return scale + loss.detach() * 0  # 0 x inf and 0 x nan are nan", "return scale",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[inf-loss-ddp]",),
     ),
     Mutant(
         "nonfinite-gradient-applied", "nothing non-finite reaches the weights", TRAINER,
-        "        elif math.isfinite(norm):\n            self.optimizer.step()",
-        "        else:\n            self.optimizer.step()",
-        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
-         "_process_skips_it[nan-gradient-ddp]",),
+        "        applied = math.isfinite(norm)\n", "        applied = True\n",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
         "nonfinite-step-not-counted", "a skipped step is counted and said", TRAINER,
-        "        self.nonfinite_step(step, bad, norm)\n        return False",
-        "        return True",
-        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one"
-         "_process_skips_it[nan-gradient-ddp]",),
+        "        pos.skipped_steps += 1\n", "",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
-        "on-nonfinite-stop-ignored", "on_nonfinite=stop stops every rank", TRAINER,
-        '        if self.c.on_nonfinite == "stop":', "        if False:",
-        (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
-         "_losses_were",),
+        "on-nonfinite-stop-ignored", "on_nonfinite=stop stops every rank", SKIPPED,
+        'if overflow is None and c.on_nonfinite == "stop":', "if False:",
+        (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks_losses_were",),
     ),
     Mutant(
         "agreed-stop-not-recorded", "an agreed stop is one line, its cause",
@@ -1029,8 +1021,9 @@ MUTANTS = (
          "_losses_were",),
     ),
     Mutant(
-        "fp16-overflow-counted-as-nonfinite", "GradScaler handles fp16 overflows", TRAINER,
-        "if math.isfinite(norm) or (self.scaling and not bad):", "if math.isfinite(norm):",
+        "fp16-overflow-applied-as-trained", "an fp16 overflow is a skipped step, counted",
+        TRAINER, "        applied = math.isfinite(norm)\n",
+        "        applied = math.isfinite(norm) or self.scaling\n",
         (f"{T_DDP}::test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike",),
     ),
     Mutant(
@@ -1070,19 +1063,15 @@ MUTANTS = (
          "_agreement[4]",),
     ),
     Mutant(
-        "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", TRAINER,
-        "        self.log_step(self.unagreed, agreed.previous_loss_sum)\n"
-        "        self.unagreed = Unagreed(step,",
-        "        self.log_step(self.unagreed, float(self.unagreed.loss) * self.ctx.world_size "
-        "if self.unagreed else 0.0)\n        self.unagreed = Unagreed(step,",
-        (f"{T_TRACKERS}::test_tensorboard_and_wandb_show_the_runs_curves",),
+        "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", AGREEMENT,
+        "            loss = loss_sum / targets if targets else math.nan",
+        "            loss = float(self.held[1]) * dist.get_world_size() / targets",
+        ("tests/multiproc/test_trackers.py::test_tensorboard_and_wandb_show_the_runs_curves",),
     ),
     Mutant(
-        "step-loss-logged-every-step", "the loss every --log-every steps", TRAINER,
-        "if pending is None or not (self.log_every and pending.step % self.log_every == 0):",
-        "if pending is None or not self.log_every:",
-        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
-         "_agreement[3]",),
+        "step-loss-logged-every-step", "the loss every --log-every steps", AGREEMENT,
+        "due = bool(self.every) and step % self.every == 0", "due = bool(self.every)",
+        ("tests/multiproc/test_trackers.py::test_the_training_loss_reaches_the_trackers_with_the_next_steps_agreement[3]",),
     ),
     Mutant(
         "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
@@ -1136,7 +1125,7 @@ MUTANTS = (
     ),
     Mutant(
         "fp16-nonfinite-loss-lowers-the-scale", "a non-finite loss is no fp16 overflow", TRAINER,
-        "self.scaler.update(self.scaler.get_scale() if bad else None)", "self.scaler.update()",
+        "self.scaler.update(before if bad else None)", "self.scaler.update()",
         (f"{T_NONFINITE}::test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale",),
     ),
     Mutant(
@@ -1640,5 +1629,128 @@ MUTANTS = (
         "            yield finding.line, finding.col, f\"{finding.code} {finding.message}\", type(self)",
         "            pass",
         (f"{T_LINT_CMD}::test_the_flake8_entry_point_names_the_plugin",),
+    ),
+    # Issue 47: the step's promises at their edges.
+    Mutant(
+        "skipped-step-keeps-the-buffers-changed", "a skipped step leaves no trace", TRAINER,
+        "every rank\n        self.before_step.restore()\n", "every rank\n",
+        (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",
+         f"{T_SKIPPED_STEPS}::test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record"),
+    ),
+    Mutant(
+        "buffer-snapshot-skips-counters", "a skipped step leaves no trace", SKIPPED,
+        "if b.is_floating_point() or b.numel() == 1]", "if b.is_floating_point()]",
+        (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
+    ),
+    Mutant(
+        "schedule-advances-on-a-skipped-step", "a skipped step leaves no trace", TRAINER,
+        "            self.skip_step(step, step_loss, norm)\n            return False\n",
+        "            self.skip_step(step, step_loss, norm)\n            self.schedule.scheduler.step()\n"
+        "            return False\n",
+        (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
+    ),
+    Mutant(
+        "resumed-schedule-counts-skipped-steps", "skips continue across a resume", RUN_STATE,
+        "_apply_hyperparameters(parts, c, step - skipped)",
+        "_apply_hyperparameters(parts, c, step)",
+        (f"{T_SKIPPED_STEPS}::test_skips_continue_across_a_resume_and_reach_the_trackers",),
+    ),
+    Mutant(
+        "skip-count-not-checkpointed", "skips continue across a resume", RUN_STATE,
+        '        "skipped_steps": pos.skipped_steps,\n', "",
+        (f"{T_SKIPPED_STEPS}::test_skips_continue_across_a_resume_and_reach_the_trackers",),
+    ),
+    Mutant(
+        "skips-not-in-history", "skips on the record", "refddp/trackers/jsonl.py",
+        '        self.record({"step": step, "skipped": cause, "skipped_steps": total})',
+        "        pass",
+        (f"{T_SKIPPED_STEPS}::test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record",),
+    ),
+    Mutant(
+        "min-loss-scale-ignored", "no run that trains nothing exits 0", SKIPPED,
+        "if overflow is not None and overflow[1] < c.min_loss_scale:", "if False:",
+        (f"{T_SKIPPED_STEPS}::test_an_fp16_run_whose_gradient_is_nan_at_every_scale_ends_in_one_line_exit_1[skip]",),
+    ),
+    Mutant(
+        "consecutive-skips-unlimited", "no run that trains nothing exits 0", SKIPPED,
+        "if c.max_consecutive_skips and in_a_row >= c.max_consecutive_skips:", "if False:",
+        (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
+    ),
+    Mutant(
+        "skips-in-a-row-never-reset", "no run that trains nothing exits 0", TRAINER,
+        "        self.pos.skipped_in_a_row = 0\n", "",
+        (f"{T_SKIPPED_STEPS}::test_the_consecutive_limit_counts_skips_in_a_row_only",),
+    ),
+    Mutant(
+        "nonfinite-final-evaluation-exits-0", "no run that trains nothing exits 0",
+        "refddp/train.py",
+        'if not result["stopped"] and not _finite_validation(result["metrics"]):', "if False:",
+        (f"{T_SKIPPED_STEPS}::test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1",),
+    ),
+    Mutant(
+        "ignored-parameters-decide-alone", "no rank can branch alone", PARALLEL,
+        "        if self.unreduced:\n            norm = self.agreed_norm(parameters)",
+        "        if False:\n            norm = self.agreed_norm(parameters)",
+        (f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_is_skipped_on_every_rank[2]",),
+    ),
+    Mutant(
+        "fp16-with-ignored-parameters-allowed", "no rank can branch alone", PARALLEL,
+        'if self.unreduced and c.amp == "fp16":', "if False:",
+        (f"{T_SKIPPED_STEPS}::test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line",),
+    ),
+    Mutant(
+        "first-step-keeps-ddps-first-layout", "bit-exact resume at any world size", PARALLEL,
+        "self.first_backward_rebuilds = ctx.world_size > 2 and not c.find_unused_parameters",
+        "self.first_backward_rebuilds = False",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-4]",),
+    ),
+    Mutant(
+        "bucket-settle-leaves-buffers-changed", "bit-exact resume at any world size", TRAINER,
+        "        self.before_step.restore()\n        self.bucket_layout_pending = False\n",
+        "        self.bucket_layout_pending = False\n",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
+    ),
+    Mutant(
+        "bucket-settle-draws-dropout-masks", "bit-exact resume at any world size", TRAINER,
+        'with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):',
+        "with contextlib.nullcontext():",
+        (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
+    ),
+    Mutant(
+        "fsdp-batchnorm-cast-to-bf16", "FSDP trains BatchNorm models under bf16", PARALLEL,
+        "kept_in_float32 = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]",
+        "kept_in_float32 = []",
+        (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[fsdp-bf16]",),
+    ),
+    Mutant(
+        "fp16-step-reads-gradscalers-check", "one device-to-host read a step", TRAINER,
+        "            self.optimizer.step()\n            if self.scaling:",
+        "            self.scaler.step(self.optimizer) if self.scaling else self.optimizer.step()\n"
+        "            if self.scaling:",
+        (f"{T_SKIPPED_STEPS}::test_a_step_reads_from_the_device_once[fp16]",),
+    ),
+    # Issue 51: a hang's stacks, always.
+    Mutant(
+        "stack-signal-is-sigusr1", "a hang report shows every rank's stack", PROTOCOL,
+        'STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2',
+        "STACK_SIGNAL = signal.SIGUSR1",
+        (f"{T_STACKS}::test_a_rank_inside_the_trainers_stop_handlers_shows_its_stack",),
+    ),
+    Mutant(
+        "stack-signal-not-rearmed", "a hang report shows every rank's stack", WORKER,
+        "        arm_stack_dumps(stack_file)  # (the task may have taken the signal for itself)\n",
+        "",
+        (f"{T_STACKS}::test_a_task_that_took_the_stack_signal_leaves_the_next_hang_its_stacks",),
+    ),
+    Mutant(
+        "no-stack-says-nothing-of-why", "a hang report shows every rank's stack", REPORTS,
+        'text = text or f"(no stack: {why_no_stack(pids[r])})"',
+        'text = text or "(no stack could be read)"',
+        (f"{T_STACKS}::test_a_rank_ignoring_the_stack_signal_is_reported_saying_why",),
+    ),
+    Mutant(
+        "heavy-tests-not-grouped", "no two heavy tests share the machine", "conftest.py",
+        '            item.add_marker(pytest.mark.xdist_group("heavy"))', "            pass",
+        ("tests/unit/test_suite_tiers.py::test_heavy_tests_share_one_xdist_group",),
     ),
 )

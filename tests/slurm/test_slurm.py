@@ -20,6 +20,7 @@ from tests.slurm.jobs import (
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
+    pytest.mark.heavy,
     pytest.mark.skipif(why_not() is not None, reason=str(why_not())),
 ]
 

@@ -18,6 +18,7 @@ from tests.slurm.cluster import Cluster, why_not
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
+    pytest.mark.heavy,
     pytest.mark.skipif(why_not() is not None, reason=str(why_not())),
     pytest.mark.skipif(network_module.unavailable() is not None,
                        reason=str(network_module.unavailable())),  # fmt: skip

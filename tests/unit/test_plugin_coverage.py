@@ -76,6 +76,8 @@ def helper_coverage(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # two projects' suites under coverage: 17-25 s
+@pytest.mark.heavy
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["plain", "xdist"])
 def test_lines_only_ranks_run_are_covered(pytester, xdist):
     pytester.makepyfile(helper=HELPER, test_ranks=TESTS)

@@ -91,6 +91,7 @@ class TestFromMultiProcessTestCase(DistributedTestCase):
     [(), ("-n", "2"), ("--cov=helper", "--cov-report=term-missing")],
     ids=["plain", "xdist", "cov"],
 )
+@pytest.mark.heavy  # a project's suite, under -n 2 too
 def test_faults_nodes_callables_and_unittest_suites_in_a_project(pytester, args):
     if "--cov=helper" in args:
         pytest.importorskip("pytest_cov")

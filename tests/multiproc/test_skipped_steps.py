@@ -1,0 +1,240 @@
+"""A step skipped as non-finite leaves no trace, is on the record, and a run that trains nothing
+ends in failure (``refddp/skipped_steps.py``).
+
+The issue's cases, as a user met them: a BatchNorm model on data where one row in twenty is inf
+(its skipped steps used to leave non-finite running statistics, a nan val_loss and exit 0); a
+loss whose gradient is NaN at every step under amp fp16 (GradScaler used to skip every step as
+an overflow and the run to exit 0 having trained nothing); a parameter DDP ignores whose
+gradient is NaN on one rank (that rank alone used to take the non-finite branch, and gloo to
+abort the job on its extra collective).
+"""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from refddp.testing import RankFailure
+from tests.observability_tasks import fit_with_recording_tracker
+from tests.rank_tasks import TOKENS, fit, fit_full_weights
+from tests.step_tasks import (
+    fit_checking_skipped_steps,
+    fit_counting_host_reads,
+    reduced_as_ddp_does,
+)
+
+EXPLODING = "tests.user_code:exploding_datasets"  # one training row in twenty is inf
+NAN_EVERY_STEP = "tests.user_code:nan_gradient_every_step_loss"
+EXPERT = "tests.user_code:expert_mlp"  # a parameter DDP ignores, NaN on rank 1 at forward 3
+
+
+def history(out) -> tuple[list[dict], list[dict]]:
+    """history.jsonl's evaluations and skipped steps."""
+    lines = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    return [r for r in lines if "skipped" not in r], [r for r in lines if "skipped" in r]
+
+
+def test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record(
+    run_cli, tiny
+):
+    done = run_cli("--nproc", 2, "--model", "convnet", "--data", EXPLODING, **tiny)
+    state = done.checkpoint()
+    statistics = {k: v for k, v in state["model_state_dict"].items() if "running_" in k}
+    assert len(statistics) == 4, statistics.keys()  # two BatchNorm layers' mean and variance
+    for key, value in statistics.items():
+        assert torch.isfinite(value).all(), key
+    evaluations, skips = history(done.out)
+    assert skips, "some steps' loss was inf"
+    assert all(math.isfinite(r["val_loss"]) for r in evaluations), evaluations
+    assert [r["step"] for r in skips] == sorted({r["step"] for r in skips}), "once each"
+    for record in skips:
+        assert re.fullmatch(r"non-finite loss on [12] of 2 rank\(s\)", record["skipped"]), record
+    assert [r["skipped_steps"] for r in skips] == list(range(1, len(skips) + 1))
+    assert state["skipped_steps"] == evaluations[-1]["skipped_steps"] == len(skips)
+    done_line = re.search(r"done: step 12, val_loss (\S+), .*, (\d+) step\(s\) skipped as "
+                          r"non-finite", done.stderr)  # fmt: skip
+    assert done_line and math.isfinite(float(done_line[1].rstrip(","))), done.stderr
+    assert int(done_line[2]) == len(skips)
+
+
+@pytest.mark.parametrize(
+    ("model", "overrides"),
+    [
+        ("convnet", {}),  # BatchNorm's running statistics and batch count
+        ("convnet", {"strategy": "fsdp"}),
+        ("convnet", {"strategy": "fsdp", "dtype": "float32", "amp": "bf16"}),  # float32 norms
+        ("convnet", {"dtype": "float32", "amp": "bf16"}),
+        ("convnet", {"dtype": "float32", "amp": "fp16"}),
+        ("convnet", {"dropout": 0.3, "grad_accum": 2, "grad_clip": 0.5}),
+    ],
+    ids=["ddp", "fsdp", "fsdp-bf16", "bf16", "fp16", "dropout-accumulation"],
+)
+def test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were(
+    spawn, tmp_path, model, overrides
+):
+    ranks = spawn(fit_checking_skipped_steps, str(tmp_path), model=model, data=EXPLODING,
+                  optimizer="adamw", warmup_steps=3, **overrides)  # fmt: skip
+    for rank, found in enumerate(ranks):
+        assert found["checked"], "some steps were skipped"
+        assert found["changed"] == {}, f"rank {rank}: a skipped step changed {found['changed']}"
+        assert found["checked"] == ranks[0]["checked"], "every rank skipped the same steps"
+    for key, value in ranks[0]["weights"].items():
+        if overrides.get("strategy") != "fsdp":  # (FSDP ranks hold different shards)
+            assert torch.equal(value, ranks[1]["weights"][key]), key
+
+
+def test_skips_continue_across_a_resume_and_reach_the_trackers(spawn, tmp_path):
+    job = dict(data=EXPLODING, global_batch_size=8)
+    straight_run = spawn(fit, str(tmp_path / "a"), **job)[0]
+    straight, straight_weights = straight_run["result"], straight_run["weights"]
+    assert straight["skipped_steps"] > 1
+    out = tmp_path / "b"
+    spawn(fit, str(out), stop_after=13, **job)
+    state = torch.load(out / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
+    assert 0 < state["skipped_steps"] < straight["skipped_steps"], "skips both sides of step 13"
+    resumed = spawn(fit, str(out), **job)[0]
+    assert resumed["result"]["skipped_steps"] == straight["skipped_steps"], "counted on"
+    for key, value in straight_weights.items():  # the schedule counted updates, not steps
+        assert torch.equal(resumed["weights"][key], value), key
+    evaluations, skips = history(out)
+    assert len(skips) == straight["skipped_steps"], "each skipped step on the record once"
+    tracked = spawn(fit_with_recording_tracker, str(tmp_path / "c"), **job)[0]
+    counts = [(step, s["train/skipped_steps"]) for step, s in tracked["points"]
+              if "train/skipped_steps" in s]  # fmt: skip
+    assert [n for _, n in counts] == list(range(1, straight["skipped_steps"] + 1))
+    assert tracked["records"][-1]["skipped_steps"] == straight["skipped_steps"]
+
+
+@pytest.mark.parametrize("mode", ["skip", "stop"])
+def test_an_fp16_run_whose_gradient_is_nan_at_every_scale_ends_in_one_line_exit_1(
+    run_cli, tiny, mode
+):
+    flags = {**tiny, "dtype": "float32", "amp": "fp16", "loss": NAN_EVERY_STEP,
+             "on_nonfinite": mode, "epochs": 4}  # 24 steps  # fmt: skip
+    done = run_cli("--nproc", 2, check=False, **flags)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    # GradScaler halves 65536 at each overflow: below 1 at the 17th.
+    assert errors == [
+        "error: step 17: fp16 gradient overflow (loss scale 1 -> 0.5); stopping every rank (the "
+        "fp16 loss scale fell below min_loss_scale 1: the gradient is non-finite at every "
+        "scale (a NaN, not an overflow))"
+    ], done.stderr
+    assert "done:" not in done.stderr
+    _, skips = history(done.out)
+    assert [r["step"] for r in skips] == list(range(1, 18))
+
+
+def test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1(
+    run_cli, tiny
+):
+    done = run_cli("--nproc", 2, "--loss", NAN_EVERY_STEP, "--max-consecutive-skips", 5,
+                   check=False, **tiny)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: step 5: non-finite gradient (norm nan) behind a finite loss on every rank; "
+        "stopping every rank (5 steps in a row skipped (max_consecutive_skips 5): the run "
+        "trains nothing)"
+    ], done.stderr
+
+
+def test_the_consecutive_limit_counts_skips_in_a_row_only(spawn, tmp_path):
+    job = dict(data=EXPLODING, global_batch_size=8)
+    straight = spawn(fit_checking_skipped_steps, str(tmp_path / "a"), **job)[0]
+    steps = straight["checked"]  # the skipped steps
+    longest = max(len(run) for run in runs_of_consecutive(steps))
+    assert len(steps) > longest, "skips apart from each other, to count separately"
+    limited = spawn(fit, str(tmp_path / "b"), max_consecutive_skips=longest + 1, **job)[0]
+    assert limited["step"] == straight["result"]["step"], "the run goes on to its end"
+    with pytest.raises(RankFailure, match=f"max_consecutive_skips {longest}"):
+        spawn(fit, str(tmp_path / "c"), max_consecutive_skips=longest, **job)
+
+
+def runs_of_consecutive(steps: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and runs[-1][-1] == step - 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return runs
+
+
+def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli, tiny):
+    done = run_cli("--nproc", 2, "--data", "tests.user_code:nonfinite_val_datasets",
+                   check=False, **tiny)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"done: step 12, val_loss (nan|inf), .*; the final evaluation is non-finite",
+                     done.stderr), done.stderr  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "step 12: the final evaluation is non-finite" in errors[0]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_nan_gradient_on_a_parameter_ddp_ignores_is_skipped_on_every_rank(
+    spawn, tmp_path, world_size
+):
+    # Rank 1's expert gradient is NaN at its third forward; DDP never all-reduces it.
+    ranks = spawn(fit_full_weights, str(tmp_path), model=EXPERT, world_size=world_size)
+    assert [r["result"]["skipped_steps"] for r in ranks] == [1] * world_size
+    assert len({r["step"] for r in ranks}) == 1 and ranks[0]["step"] > 1, "the others train"
+    for key, value in ranks[0]["weights"].items():
+        assert torch.isfinite(value).all(), key
+
+
+def test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line(
+    spawn, tmp_path
+):
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), model=EXPERT, on_nonfinite="stop")
+    assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
+    said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
+            for text in info.value.failures.values()}  # fmt: skip
+    assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank; "
+                    "stopping every rank (on_nonfinite=stop)"}  # fmt: skip
+
+
+def test_the_parameters_taken_as_unreduced_are_those_ddp_does_not_reduce(spawn):
+    found = spawn(reduced_as_ddp_does)[0]
+    assert found["ours"] == found["reduced"]
+    assert "expert.weight" not in found["reduced"], "DDP ignored the sub-module's parameter"
+
+
+def test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line(run_cli, tiny):
+    done = run_cli("--nproc", 2, "--model", EXPERT, "--dtype", "float32", "--amp", "fp16",
+                   check=False, **{k: v for k, v in tiny.items() if k != "dtype"})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: amp: fp16 with parameters DDP ignores (_ddp_params_and_buffers_to_ignore) "
+        "would let each rank's GradScaler back off alone on its own gradients; use --amp "
+        "bf16 or off (ranks 0, 1)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("world_size", "overrides"),
+    [
+        (1, {}),
+        (2, {}),
+        (2, {"dtype": "float32", "amp": "fp16"}),
+        (2, {"dtype": "float32", "amp": "bf16", "grad_accum": 2, "grad_clip": 0.5}),
+        (2, {"strategy": "fsdp"}),
+        (2, {**TOKENS, "log_to": "recording"}),  # the step's loss logged a step late too
+        (3, {"data": EXPLODING}),  # skipped steps, and DDP's bucket settle before step 1
+    ],
+    ids=["one-process", "ddp", "fp16", "bf16-accumulation-clip", "fsdp", "tokens", "skips"],
+)
+def test_a_step_reads_from_the_device_once(spawn, tmp_path, world_size, overrides):
+    # The one read: the agreement with the gradient's norm. A skipped step (rare) reads one
+    # more: its count of non-finite losses, to say why.
+    job = {"epochs": 2, "eval_every": 0, "ckpt_every": 0, **overrides}
+    for rank, found in enumerate(spawn(fit_counting_host_reads, str(tmp_path),
+                                       world_size=world_size, **job)):  # fmt: skip
+        reads, skipped = found["reads"], found["skipped"]
+        assert len(reads) >= 8, reads
+        assert bool(skipped) == (overrides.get("data") == EXPLODING), skipped
+        expected = {step: 2 if step in skipped else 1 for step in reads}
+        assert reads == expected, f"rank {rank}: reads per step"
