@@ -94,9 +94,15 @@ class TorchStyleSuite(DistributedTestCase):
         self.assertEqual(t.item(), 2.0)
         dist.destroy_process_group(group)
 
-    def test_another_backend_is_refused_in_one_line(self):
-        with self.assertRaisesRegex(ValueError, r"init_process_group\(backend='custom'\)"):
-            dist.init_process_group("custom", rank=self.rank, world_size=self.world_size)
+    def test_a_fake_group_starts_for_real_and_the_pools_comes_back(self):
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+        dist.init_process_group("fake", store=FakeStore(), rank=self.rank,
+                                world_size=self.world_size)  # fmt: skip
+        t = torch.ones(1)
+        dist.all_reduce(t)  # the fake group communicates nothing
+        self.assertEqual((dist.get_backend(), t.item()), ("fake", 1.0))
+        # left up: the harness destroys it and rejoins the pool's group after the test
 
     def test_needs_two_gpus(self):
         from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
@@ -107,6 +113,54 @@ class TorchStyleSuite(DistributedTestCase):
         from torch.testing._internal.common_distributed import TEST_SKIPS
 
         raise SystemExit(TEST_SKIPS["multi-gpu-4"].exit_code)  # what older torch's skips do
+
+
+class OtherBackendsSuite(DistributedTestCase):
+    """PyTorch's test_init_process_group_for_all_backends, as its suite writes it: every
+    backend this machine has, each started on the test's FileStore, then destroyed."""
+
+    @property
+    def world_size(self):
+        return 1
+
+    def test_init_process_group_for_all_backends(self):
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake"
+        import torch.testing._internal.distributed.multi_threaded_pg  # noqa: F401 - "threaded"
+
+        started = []
+        for backend in dist.Backend.backend_list:
+            if backend not in ("gloo", "fake", "threaded"):  # (nccl, ucc, mpi, xccl: not here)
+                continue
+            store = dist.FileStore(self.file_name, self.world_size)
+            dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
+                                    store=store)  # fmt: skip
+            pg = dist.distributed_c10d._get_default_group()
+            self.assertEqual((pg.rank(), pg.size()), (self.rank, self.world_size))
+            self.assertEqual(pg.name(), "custom" if backend == "fake" else backend)
+            dist.destroy_process_group()
+            started.append(backend)
+        self.assertEqual(started, ["gloo", "fake", "threaded"])
+
+
+class PoolGroupSuite(DistributedTestCase):
+    """Run after a test that set the pool's group aside: it is back, checked collectives too."""
+
+    @property
+    def world_size(self):
+        return 2
+
+    def test_the_pools_group_is_back(self):
+        self.assertEqual((dist.get_backend(), dist.get_world_size()), ("gloo", 2))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+    def test_mismatched_collectives_are_still_caught(self):
+        t = torch.ones(2)
+        if self.rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
 
 
 class TorchStyleFailures(DistributedTestCase):

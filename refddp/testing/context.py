@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ class RankContext(DistContext):
 
 
 _current: RankContext | None = None  # set by the worker while a task runs
+# Set by the worker once it joined its pool: joins the pool's group again, after a test set it
+# aside to start another backend for real (unittest_case.py).
+_rejoin_pool_group: Callable[[], None] | None = None
 
 
 def rank_context() -> RankContext | None:

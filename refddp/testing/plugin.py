@@ -63,6 +63,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_false",
         help="run ranks without collective fingerprint checking",
     )
+    group.addoption(
+        "--dist-torch-suites",
+        action="store_true",
+        default=False,
+        help="run PyTorch's MultiProcessTestCase suites (DTensorTestBase, FSDPTest... built on "
+        "it) unmodified on warm pools: the base class is swapped before collection",
+    )
     _add_lint_option(group)
 
 
@@ -79,6 +86,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from refddp.lint.pytest_items import register_lint_items
 
     register_lint_items(config)
+    if config.getoption("dist_torch_suites"):  # before any test module is imported
+        from refddp.testing.torch_suites import use_warm_pools
+
+        use_warm_pools()
     # For the rank server alone, as it starts (rank_server.py); pytest too: test modules import
     # it. Not in this process's environment, which every subprocess of a test inherits.
     from refddp.testing import rank_server

@@ -207,12 +207,14 @@ class RankPool:
         rank_fixtures: tuple[str, ...] = (),
         faults: tuple[Fault, ...] = (),
         node_dirs: tuple[str, ...] = (),
+        before_import: tuple[str, ...] = (),
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; results ordered by rank.
 
         ``rank_fixtures`` name keyword arguments each rank creates for itself (``dist_ctx``,
         ``monkeypatch``) and tears down after the call; ``faults`` are injected (``faults.py``);
-        ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default).
+        ``node_dirs`` are the simulated nodes' ``node_tmp_path`` (the pool's own by default);
+        ``before_import``: ``RunTask``'s.
         """
         __tracebackhide__ = True
         cut = self._cut_command if self.cluster is not None else None
@@ -226,7 +228,8 @@ class RankPool:
         module_names = {getattr(fn, "__module__", None), *extra_modules} - {None}
         modules = [(n, getattr(sys.modules.get(n), "__file__", None)) for n in module_names]
         dirs = node_dirs or self.node_dirs()
-        task = RunTask(payload, list(sys.path), modules, rank_fixtures, tuple(faults), dirs)
+        task = RunTask(payload, list(sys.path), modules, rank_fixtures, tuple(faults), dirs,
+                       before_import)  # fmt: skip
         offsets = [self.files.out_size(r) for r in range(self.world_size)]
         if faults:  # only a task's armed faults write records
             fault_records.clear_records(self.workdir, self.world_size)

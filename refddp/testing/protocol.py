@@ -36,6 +36,9 @@ class RunTask(NamedTuple):
     rank_fixtures: tuple[str, ...] = ()  # fixtures the rank creates and tears down itself
     faults: tuple[Any, ...] = ()  # faults.Fault: each rank arms its own
     node_dirs: tuple[str, ...] = ()  # with simulated nodes: node n's node_tmp_path
+    # "module:function"s the rank calls (once per process) before it imports the test's
+    # modules: what must hold when their classes are defined (torch_suites.py).
+    before_import: tuple[str, ...] = ()
 
 
 class Stop(NamedTuple):

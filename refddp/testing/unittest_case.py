@@ -7,8 +7,10 @@ Change the base class and the suite runs on the harness's warm pools: each test 
 keeps working: ``self._spawn_processes()`` in ``setUp`` is a no-op (the ranks exist);
 ``dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, ...)`` (any
 ``init_method`` or store, e.g. ``f"file://{self.file_name}"``) joins the pool's group, which is
-already initialised (another backend is refused in one line), and
-``dist.destroy_process_group()`` leaves it for the next test. ``self.file_name`` is one file
+already initialised, and ``dist.destroy_process_group()`` leaves it for the next test. Another
+backend (``fake``, ``threaded``, a second gloo group is not asked for this way) is started for
+real, on the test's own store or ``init_method``: the pool's group is set aside for it, and
+joined again when the test ends, on every rank alike. ``self.file_name`` is one file
 for the test, the same on every rank (a ``FileStore`` on it meets the other ranks). A rank that
 exits with one of PyTorch's skip codes (``skip_if_lt_x_gpu``) skips the test, and a failing
 assertion reaches the report as the exception it was. Runs under pytest (the plugin's
@@ -33,6 +35,9 @@ class DistributedTestCase(unittest.TestCase):
 
     timeout: float | None = None  # seconds; None: --dist-timeout under pytest, else 60
     backend: str = "gloo"
+    # "module:function"s each rank calls once before it imports the test's module (a pool's
+    # RunTask.before_import): torch_suites.py's base class swap.
+    rank_setup: tuple[str, ...] = ()
     precision: float = 0.0  # common_utils.TestCase's default tolerances, which its
     rel_tol: float = 0.0  # assertEqual reads (0: dtype-based defaults)
 
@@ -57,6 +62,13 @@ class DistributedTestCase(unittest.TestCase):
 
     @property
     def rank(self) -> int:
+        """This rank's in the pool (the same while a test's own group of another backend is
+        up, or none is)."""
+        from refddp.testing.context import rank_context
+
+        here = rank_context()
+        if here is not None:
+            return here.rank
         import torch.distributed as dist
 
         return dist.get_rank()
@@ -91,13 +103,15 @@ class DistributedTestCase(unittest.TestCase):
         result = result if result is not None else self.defaultTestResult()
         result.startTest(self)
         try:
-            key = PoolKey(self.world_size, self.backend, _option("dist_debug", True))
+            key = PoolKey(self.world_size, pool_backend(self.backend),
+                          _option("dist_debug", True))  # fmt: skip
             deadline = self.timeout or _option("dist_timeout", DEFAULT_TIMEOUT_S)
             file_name = _new_file()
             case = (type(self), self._testMethodName, file_name)
             try:
                 run_on_pool(key, run_case, case, {}, deadline,
-                            extra_modules=(type(self).__module__,))  # fmt: skip
+                            extra_modules=(type(self).__module__,),
+                            before_import=self.rank_setup)  # fmt: skip
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(file_name)
@@ -114,39 +128,103 @@ class DistributedTestCase(unittest.TestCase):
         return result
 
 
+def pool_backend(backend: str) -> str:
+    """The pool backend a test class's ``backend`` names: ``"gloo"``, or the CPU's in a
+    per-device string (``"cpu:gloo,cuda:nccl"``, DTensor's tests' on a GPU machine)."""
+    for part in backend.split(","):
+        device, _, name = part.rpartition(":")
+        if device in ("", "cpu"):
+            return name
+    return backend
+
+
 def run_case(case_class: type, method: str, file_name: str) -> None:
     """On a rank: run one test method with its setUp/tearDown; raise what it raised."""
     import torch.distributed as dist
 
-    group = (dist.get_backend(), dist.get_rank(), dist.get_world_size())
-    real_init, real_destroy = dist.init_process_group, dist.destroy_process_group
-
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
-        backend = kwargs.get("backend", backend)
-        if backend is not None and group[0] not in str(backend).lower():
-            raise ValueError(f"init_process_group(backend={backend!r}) in a test on a "
-                             f"{group[0]} pool: set the test class's backend")  # fmt: skip
-        rank, world = kwargs.get("rank", group[1]), kwargs.get("world_size", group[2])
-        if (rank, world) != group[1:]:
-            raise ValueError(f"init_process_group(rank={rank}, world_size={world}) on rank "
-                             f"{group[1]} of a {group[2]}-rank pool")  # fmt: skip
-
-    def destroy_process_group(pg: Any = None) -> None:
-        if pg is not None and pg is not dist.group.WORLD:
-            real_destroy(pg)
-
-    dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
+    pool = _PoolGroup()
+    dist.init_process_group, dist.destroy_process_group = pool.init, pool.destroy
     try:
         outcome = _Outcome()
         case = case_class(method)
         case._file_name = file_name
         case.run(outcome)
     finally:
-        dist.init_process_group, dist.destroy_process_group = real_init, real_destroy
+        pool.restore()
     if outcome.raised is not None:
         raise outcome.raised  # the assertion itself, with its traceback, for the report
     if outcome.skipped:
         raise unittest.SkipTest(outcome.skipped[0][1])
+
+
+class _PoolGroup:
+    """``init_process_group`` and ``destroy_process_group`` for one test on a pool's rank.
+
+    The pool's backend joins the pool's group (already initialised), whatever the store or
+    ``init_method`` named; destroying the default group leaves it for the next test. Another
+    backend is started for real with the test's arguments: the pool's group is set aside first
+    (destroyed: one default group at a time), and ``restore`` joins it again when the test
+    ends (every rank of the pool runs the same test, so every rank rejoins).
+    """
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        from refddp.testing import collectives, context
+
+        self.dist, self.collectives, self.context = dist, collectives, context
+        self.real_init, self.real_destroy = dist.init_process_group, dist.destroy_process_group
+        self.backend, self.rank, self.world = (dist.get_backend(), dist.get_rank(),
+                                               dist.get_world_size())  # fmt: skip
+        self.set_aside = False
+
+    def init(self, backend: Any = None, *args: Any, **kwargs: Any) -> None:
+        backend = kwargs.pop("backend", backend)
+        if backend is None or pool_backend(str(backend).lower()) == self.backend:
+            if self.set_aside:  # the pool's backend again, after another: a group of the test's
+                self.start(self.backend, *args, **kwargs)
+                return
+            rank, world = kwargs.get("rank", self.rank), kwargs.get("world_size", self.world)
+            if (rank, world) != (self.rank, self.world):
+                raise ValueError(f"init_process_group(rank={rank}, world_size={world}) on rank "
+                                 f"{self.rank} of a {self.world}-rank pool")  # fmt: skip
+            return
+        if not self.set_aside:
+            self.collectives.enable_fingerprint_check(None)  # its group goes with the pool's
+            self.real_destroy()
+            self.set_aside = True
+        elif self.dist.is_initialized():  # (torch refuses a second default group)
+            self.real_destroy()
+        self.start(backend, *args, **kwargs)
+
+    def start(self, backend: Any, *args: Any, **kwargs: Any) -> None:
+        """The test's own default group, without torch's DETAIL wrapper (which the harness's
+        fingerprint check replaces, and which fake and threaded groups cannot take: they keep
+        no sequence numbers)."""
+        dist = self.dist
+        detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
+        if detail:
+            dist.set_debug_level(dist.DebugLevel.INFO)
+        try:
+            self.real_init(backend, *args, **kwargs)
+        finally:
+            if detail:
+                dist.set_debug_level(dist.DebugLevel.DETAIL)
+
+    def destroy(self, pg: Any = None) -> None:
+        if self.set_aside or (pg is not None and pg is not self.dist.group.WORLD):
+            self.real_destroy(pg)
+
+    def restore(self) -> None:
+        """The real functions back; the pool's group joined again where it was set aside."""
+        self.dist.init_process_group = self.real_init
+        self.dist.destroy_process_group = self.real_destroy
+        if not self.set_aside:
+            return
+        if self.dist.is_initialized():  # the test left its group up
+            self.real_destroy()
+        assert self.context._rejoin_pool_group is not None, "a pool's rank can rejoin"
+        self.context._rejoin_pool_group()
 
 
 class _Outcome(unittest.TestResult):

@@ -25,6 +25,7 @@ import functools
 import importlib
 import importlib.util
 import io
+import itertools
 import os
 import pickle
 import signal
@@ -122,6 +123,8 @@ def _run_task(
     reply: Callable[[Health], Done | Failed | Skipped]
     try:
         leftovers.fresh_namespace()
+        for name in task.before_import:
+            _call_once(name)
         _import_test_modules(task.sys_path, task.modules)
         fn, args, kwargs = _TaskUnpickler(io.BytesIO(task.payload)).load()
         for name in task.rank_fixtures:
@@ -147,6 +150,13 @@ def _run_task(
         sys.stdout.flush()
         sys.stderr.flush()
     return reply(_health(leftovers.clean_up(start)))
+
+
+@functools.cache
+def _call_once(name: str) -> None:
+    """Call ``module:function`` (a task's ``before_import``), once in this process."""
+    module, _, function = name.partition(":")
+    getattr(importlib.import_module(module), function)()
 
 
 def _is_unittest_skip(exc: BaseException) -> bool:
@@ -210,6 +220,20 @@ def _init_group(args: argparse.Namespace) -> RankContext:
         # socket's addresses, which fails from inside the node's network (family 0); a
         # PrefixStore's repr is plain.
         store = dist.PrefixStore("real-nodes", store)
+    _join_pool_group(args, store)
+    rejoins = itertools.count(1)  # (every rank rejoins at the end of the same tests)
+    context._rejoin_pool_group = lambda: _join_pool_group(
+        args, dist.PrefixStore(f"rejoin-{next(rejoins)}", store)
+    )
+    node = int(os.environ.get("GROUP_RANK", 0))
+    return RankContext(
+        args.rank, args.world_size, local_rank, device, args.backend, node, local_world
+    )
+
+
+def _join_pool_group(args: argparse.Namespace, store: Any) -> None:
+    """Join the pool's default group on ``store`` (with the fingerprint check's own group
+    when torch's debug level is DETAIL)."""
     detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
     if detail:
         # Create the groups unwrapped (see collectives.py: torch's DETAIL wrapper crashes DDP
@@ -231,10 +255,6 @@ def _init_group(args: argparse.Namespace) -> RankContext:
             collectives.enable_fingerprint_check(dist.new_group(backend="gloo"))
     if detail:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
-    node = int(os.environ.get("GROUP_RANK", 0))
-    return RankContext(
-        args.rank, args.world_size, local_rank, device, args.backend, node, local_world
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

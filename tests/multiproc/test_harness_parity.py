@@ -2,6 +2,7 @@
 nothing a test builds on a warm rank reaching the next test."""
 
 import copy
+import unittest
 
 import pytest
 import torch
@@ -152,6 +153,23 @@ def test_pytorch_style_tests_pass_with_only_the_base_class_changed():
     assert skipped == {"test_needs_two_gpus": "Need at least 2 CUDA devices",
                        "test_exits_with_a_skip_code": "Need at least 4 CUDA devices"}, skipped
     assert result.testsRun == 9
+
+
+def test_another_backend_starts_for_real_and_the_pools_group_comes_back():
+    pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
+    from tests.unittest_cases import OtherBackendsSuite, PoolGroupSuite, TorchStyleSuite
+
+    for case in (OtherBackendsSuite, TorchStyleSuite):
+        only = "test_init_process_group_for_all_backends" if case is OtherBackendsSuite else \
+            "test_a_fake_group_starts_for_real_and_the_pools_comes_back"  # fmt: skip
+        result = unittest.TestResult()
+        case(only).run(result)
+        assert result.testsRun == 1 and result.wasSuccessful(), result.failures + result.errors
+    after = run_suite(PoolGroupSuite)
+    failed = {t._testMethodName: text for t, text in after.failures}
+    assert failed.keys() == {"test_mismatched_collectives_are_still_caught"}, after.errors
+    assert "Detected mismatch between collectives" in failed[
+        "test_mismatched_collectives_are_still_caught"]  # the fingerprint check is back too
 
 
 def test_local_synchronisation_groups_pass_test_after_test_in_one_session():

@@ -672,10 +672,10 @@ MUTANTS = (
         ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
-        "another-backend-joins-the-pool",
+        "pools-backend-started-anew",
         "a PyTorch-style suite runs with its base class changed", UNITTEST,
-        "        if backend is not None and group[0] not in str(backend).lower():",
-        "        if False:",
+        "        if backend is None or pool_backend(str(backend).lower()) == self.backend:",
+        "        if backend is None:",
         ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
@@ -847,8 +847,8 @@ MUTANTS = (
     Mutant(
         "testcase-shim-missing", "a MultiProcessTestCase suite moves over by its base class",
         "refddp/testing/unittest_case.py",
-        "    dist.init_process_group, dist.destroy_process_group = init_process_group, "
-        "destroy_process_group\n", "",
+        "    dist.init_process_group, dist.destroy_process_group = pool.init, pool.destroy\n",
+        "",
         (f"{T_PARITY}::test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its"
          "_base_class",),
     ),
@@ -1752,5 +1752,39 @@ MUTANTS = (
         "heavy-tests-not-grouped", "no two heavy tests share the machine", "conftest.py",
         '            item.add_marker(pytest.mark.xdist_group("heavy"))', "            pass",
         ("tests/unit/test_suite_tiers.py::test_heavy_tests_share_one_xdist_group",),
+    ),
+    # Issue 48: another backend for real, PyTorch's suites unmodified.
+    Mutant(
+        "another-backend-joins-the-pools-group", "another backend started for real", UNITTEST,
+        "            self.real_destroy()\n        self.start(backend, *args, **kwargs)\n",
+        "            self.real_destroy()\n",
+        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+    ),
+    Mutant(
+        "pools-group-not-rejoined", "another backend started for real", UNITTEST,
+        "        self.context._rejoin_pool_group()", "        pass",
+        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+    ),
+    Mutant(
+        "detail-wrapper-around-a-tests-group", "another backend started for real", UNITTEST,
+        "        if detail:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
+        "        if False:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
+        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+    ),
+    Mutant(
+        "rank-read-from-the-current-group", "another backend started for real", UNITTEST,
+        "        if here is not None:\n            return here.rank\n", "",
+        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+    ),
+    Mutant(
+        "torch-suites-base-not-swapped", "PyTorch's suites unmodified on warm pools",
+        "refddp/testing/torch_suites.py",
+        "        common_distributed.MultiProcessTestCase = pooled_test_case()", "        pass",
+        ("tests/unit/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
+    ),
+    Mutant(
+        "ranks-keep-torchs-base", "PyTorch's suites unmodified on warm pools",
+        "refddp/testing/torch_suites.py", "        rank_setup = (SWAP,)", "        rank_setup = ()",
+        ("tests/unit/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
     ),
 )
