@@ -7,6 +7,8 @@ the wheel), with no line changed for refddp. pytest runs them in a project of th
 
 import pytest
 
+from tests.torch_features import needs_fsdp2
+
 pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
 
 MULTIPROCESS = '''
@@ -108,6 +110,42 @@ class ShardingTest(DTensorTestBase):
 if __name__ == "__main__":
     run_tests()
 '''
+
+
+FSDP = '''
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.testing._internal.common_fsdp import FSDPTest
+from torch.testing._internal.common_utils import run_tests
+
+
+class ShardedTrainingTest(FSDPTest):
+    @property
+    def world_size(self):
+        return 2
+
+    def test_fully_shard_runs_a_backward(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        model(torch.ones(3, 4)).sum().backward()
+        self.assertEqual(model[0].weight.to_local().shape, (2, 4))
+
+
+if __name__ == "__main__":
+    run_tests()
+'''
+
+
+@needs_fsdp2  # (FSDPTest itself imports on older torch; fully_shard is public from 2.6)
+def test_an_unmodified_fsdptest_suite_runs_on_warm_pools(pytester):
+    pytester.makepyfile(test_fsdp_style=FSDP)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dist-torch-suites",
+                                           timeout=300)  # fmt: skip
+    result.assert_outcomes(passed=1)
 
 
 def test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools(pytester):
