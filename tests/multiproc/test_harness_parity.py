@@ -2,6 +2,7 @@
 nothing a test builds on a warm rank reaching the next test."""
 
 import copy
+import os
 import unittest
 
 import pytest
@@ -155,16 +156,18 @@ def test_pytorch_style_tests_pass_with_only_the_base_class_changed():
     assert result.testsRun == 9
 
 
-def test_another_backend_starts_for_real_and_the_pools_group_comes_back():
+def test_another_backend_starts_for_real_and_the_pools_group_comes_back(spawn):
     pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
     from tests.unittest_cases import OtherBackendsSuite, PoolGroupSuite, TorchStyleSuite
 
+    ranks = spawn(os.getpid)  # the 2-rank pool the suites below run on
     for case in (OtherBackendsSuite, TorchStyleSuite):
         only = "test_init_process_group_for_all_backends" if case is OtherBackendsSuite else \
             "test_a_fake_group_starts_for_real_and_the_pools_comes_back"  # fmt: skip
         result = unittest.TestResult()
         case(only).run(result)
         assert result.testsRun == 1 and result.wasSuccessful(), result.failures + result.errors
+    assert spawn(os.getpid) == ranks, "the same ranks: the pool's group joined again, kept warm"
     after = run_suite(PoolGroupSuite)
     failed = {t._testMethodName: text for t, text in after.failures}
     assert failed.keys() == {"test_mismatched_collectives_are_still_caught"}, after.errors
