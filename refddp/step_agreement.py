@@ -85,8 +85,9 @@ class StepAgreement:
     """One rank's side of the per-step all-reduce: ``send`` starts it, ``targets`` waits for
     the count (on the device), ``read`` waits and reads it all on the host.
 
-    One process has nobody to agree with: it builds the same values and skips only the
-    all-reduce, so that it too reads them all on the host at once."""
+    One process has nobody to agree with: it keeps what it was sent as it is, builds no
+    tensor (at a small step, the few tensor ops cost more than the step's other overhead),
+    and reads the norm and a loss to log in one host read (``_read_alone``)."""
 
     def __init__(self, stop: StopRequest, device: torch.device, world_size: int):
         self.stop, self.device, self.several = stop, device, world_size > 1
@@ -100,17 +101,20 @@ class StepAgreement:
         self._zero = torch.zeros(1, dtype=torch.float64, device=device)
         self._sums: torch.Tensor | None = None
         self._work: Any = None
+        self._sent: tuple[int, torch.Tensor | None] = (0, None)  # one process's
 
     def send(self, targets: int, previous_loss: torch.Tensor | None) -> None:
         """Start summing this rank's ``targets`` (this step's, counted on the host),
         ``previous_loss`` (the loss sum of the step before, to log; None if none) and its
         stop flags over ranks."""
+        self._sent = (targets, previous_loss)
+        if not self.several:
+            return
         # A fill on the device, not a copy from the host (which would wait for the device).
         count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
         loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
         sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])
-        if self.several:
-            self._work = dist.all_reduce(sums, async_op=True)
+        self._work = dist.all_reduce(sums, async_op=True)
         self._sums = sums
 
     def _wait(self) -> torch.Tensor:
@@ -122,17 +126,34 @@ class StepAgreement:
 
     def targets(self) -> torch.Tensor:
         """The global target count of the step sent, on the device (float64)."""
+        if not self.several:
+            return torch.full((), float(self._sent[0]), dtype=torch.float64, device=self.device)
         return self._wait()[0]
 
     def read(self, grad_norm: torch.Tensor | None = None) -> Agreed:
         """Everything sent, summed over ranks, on the host; with ``grad_norm`` (this rank's
         value, the same on every rank) in the same read: one host read a step."""
+        if not self.several:
+            return self._read_alone(grad_norm)
         sums = self._wait()
         if grad_norm is not None:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
         values = sums.tolist()
         norm = values.pop() if grad_norm is not None else math.nan
         return decode(values)._replace(grad_norm=norm)
+
+
+    def _read_alone(self, grad_norm: torch.Tensor | None) -> Agreed:
+        """One process's ``read``: what it sent, as it is; the norm and a loss to log, where
+        both are there, in one host read."""
+        targets, loss = self._sent
+        signum = self.stop.signal or 0
+        if loss is None or grad_norm is None:
+            norm = math.nan if grad_norm is None else float(grad_norm)
+            return Agreed(float(targets), 0.0 if loss is None else float(loss), signum, norm)
+        norm, loss_sum = torch.stack([grad_norm.reshape(()).double(),
+                                      loss.reshape(()).double()]).tolist()  # fmt: skip
+        return Agreed(float(targets), loss_sum, signum, norm)
 
 
 def decode(sums: list[float]) -> Agreed:

@@ -218,6 +218,7 @@ def test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line(run_cli, tiny)
     ("world_size", "overrides"),
     [
         (1, {}),
+        (1, {**TOKENS, "log_to": "recording"}),  # its norm and a logged loss: one read
         (2, {}),
         (2, {"dtype": "float32", "amp": "fp16"}),
         (2, {"dtype": "float32", "amp": "bf16", "grad_accum": 2, "grad_clip": 0.5}),
@@ -225,7 +226,7 @@ def test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line(run_cli, tiny)
         (2, {**TOKENS, "log_to": "recording"}),  # the step's loss logged a step late too
         (3, {"data": EXPLODING}),  # skipped steps, and DDP's bucket settle before step 1
     ],
-    ids=["one-process", "ddp", "fp16", "bf16-accumulation-clip", "fsdp", "tokens", "skips"],
+    ids=["one-process", "one-process-logging", "ddp", "fp16", "bf16-accumulation-clip", "fsdp", "tokens", "skips"],
 )
 def test_a_step_reads_from_the_device_once(spawn, tmp_path, world_size, overrides):
     # The one read: the agreement with the gradient's norm. A skipped step (rare) reads one
