@@ -70,9 +70,11 @@ def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> to
 def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
     """Whether the optimizer is built fused: on CUDA, one kernel a step instead of a few per
     parameter group (the CPU keeps torch's default). Not SGD under FSDP (torch has no fused
-    SGD for sharded parameters) nor under amp fp16: GradScaler hands a fused optimizer its
-    overflow check, and a fused SGD's overflowing first step creates the momentum buffer
-    uninitialised, skips, and leaves it to the next."""
+    SGD for sharded parameters) nor under amp fp16: when GradScaler stepped the optimizer it
+    handed a fused one its overflow check, and a fused SGD's overflowing first step created
+    the momentum buffer uninitialised. The trainer now steps the optimizer itself, on finite
+    gradients only, so that reason is gone; the exception stays until a GPU shows fused SGD
+    under fp16 right (none was lent since)."""
     skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
     return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely
 
