@@ -1,5 +1,5 @@
 # Quickstart: `make demo` trains the demo job, `make test` runs the CPU suite but its slow tests,
-# `make test-all` every test (what CI runs). Each target builds .venv first (torch pinned to
+# `make test-all` every test (CI runs `make test`). Each target builds .venv first (torch pinned to
 # 2.13.0: see constraints.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
