@@ -38,7 +38,7 @@ from typing import Any
 
 from refddp.testing import faults, fingerprint_check, process_groups, signatures
 from refddp.testing.fingerprint_check import CollectiveMismatch
-from refddp.testing.slots import STATE_INSIDE, STATE_OUTSIDE, Slot
+from refddp.testing.slots import ASYNC_WAIT, STATE_INSIDE, STATE_OUTSIDE, Slot
 
 __all__ = ["CollectiveMismatch", "enable_fingerprint_check", "install", "record_collectives"]
 
@@ -197,7 +197,7 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
         result = run()
         works = result if isinstance(result, list) else [result]
         if async_op and _slot is not None:
-            label = f"#{_count} {signature}{fingerprint_check.ASYNC_WAIT}"
+            label = f"#{_count} {signature}{ASYNC_WAIT}"
             for work in works:
                 if work is not None:
                     _in_flight[work] = (members, label)
@@ -226,7 +226,7 @@ def _pair_up(name: str, call: dict[str, Any], signature: str) -> list[tuple[int,
             kind = getattr(op.op, "__name__", "")
             one = {"tensor": op.tensor, "tag": op.tag, "group": op.group,
                    ("dst" if kind == "isend" else "src"): op.peer}  # fmt: skip
-            ops.append((kind, one, f"{signature}: {signatures.describe(kind, one)}"))
+            ops.append((kind, one, f"{signatures.describe(kind, one)} in batch_isend_irecv"))
     pending = []
     for index, (kind, one, what) in enumerate(ops):
         if kind in ("send", "isend"):
@@ -242,8 +242,6 @@ def _pair_up(name: str, call: dict[str, Any], signature: str) -> list[tuple[int,
 
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
-        if _nested():  # inside another traced call (an object collective's own broadcast)
-            return fn(*args, **kwargs)
         call = _bind(name, fn, args, kwargs)
         if name == "batch_isend_irecv" and isinstance(call.get("p2p_op_list"), list):
             return _enter(name, call, lambda: fn(_with_torchs_own_ops(call["p2p_op_list"])))

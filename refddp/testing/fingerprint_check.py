@@ -36,14 +36,13 @@ import time
 from typing import Any
 
 from refddp.testing import rank_lists, signatures
-from refddp.testing.slots import read_slot, slot_path_for
+from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
 
 PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)
 TEXT_BYTES = 1024  # of each rank's description, all-gathered on a mismatch
 CONFLICT_CONFIRM_S = 2.0  # a peer seen this long in a collective that needs us cannot come
 POLL_MAX_S = 0.02  # the longest pause between two looks at the store while waiting
 RECEIVE_WAIT = datetime.timedelta(hours=24)  # hangs are the driver's to report, not ours
-ASYNC_WAIT = " (async, in wait())"  # how a slot marks an async collective's Work.wait()
 
 
 class CollectiveMismatch(RuntimeError):

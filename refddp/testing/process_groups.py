@@ -57,19 +57,6 @@ def _options(value: Any, field: str) -> Any:
     return getattr(value, field, None) if type(value).__name__.endswith("Options") else None
 
 
-def _global(pg: Any, group_rank: Any, plain: str, in_group: str) -> dict[str, Any]:
-    """A root or peer given as a rank of ``pg``: ``{plain: global rank}``, or ``{in_group:
-    group rank}`` where torch never registered the group's ranks."""
-    import torch.distributed as dist
-
-    if group_rank is None:
-        return {plain: None}
-    try:
-        return {plain: int(dist.get_global_rank(pg, int(group_rank)))}
-    except (KeyError, RuntimeError, ValueError):
-        return {in_group: int(group_rank)}
-
-
 def _first(*values: Any) -> Any:
     """The first value that is not None (a reduce op may be falsy: ``RedOpType.SUM`` is 0)."""
     return next((v for v in values if v is not None), None)
@@ -91,8 +78,8 @@ def _allreduce(pg: Any, args: tuple, kwargs: dict) -> Parsed:
 def _broadcast(pg: Any, args: tuple, kwargs: dict) -> Parsed:
     second = _arg(args, kwargs, 1, "opts", "root", default=0)
     root = _first(_options(second, "rootRank"), second)
-    call = {"tensor": _one(_arg(args, kwargs, 0, "tensors", "tensor"))}
-    return "broadcast", {**call, **_global(pg, root, "src", "group_src")}
+    return "broadcast", {"tensor": _one(_arg(args, kwargs, 0, "tensors", "tensor")),
+                         "group_src": root}  # fmt: skip
 
 
 def _reduce(pg: Any, args: tuple, kwargs: dict) -> Parsed:
@@ -101,8 +88,8 @@ def _reduce(pg: Any, args: tuple, kwargs: dict) -> Parsed:
         root, op = second.rootRank, second.reduceOp
     else:
         root, op = second, _first(_arg(args, kwargs, 2, "op"), _sum())
-    call = {"tensor": _one(_arg(args, kwargs, 0, "tensors", "tensor")), "op": op}
-    return "reduce", {**call, **_global(pg, root, "dst", "group_dst")}
+    return "reduce", {"tensor": _one(_arg(args, kwargs, 0, "tensors", "tensor")), "op": op,
+                      "group_dst": root}  # fmt: skip
 
 
 def _allgather(pg: Any, args: tuple, kwargs: dict) -> Parsed:
@@ -126,16 +113,14 @@ def _gather(pg: Any, args: tuple, kwargs: dict) -> Parsed:
     lists, tensor, root = _rooted(_arg(args, kwargs, 0, "output_tensors"),
                                   _arg(args, kwargs, 1, "input_tensors", "input_tensor"),
                                   _arg(args, kwargs, 2, "opts", "root"))  # fmt: skip
-    call = {"tensor": tensor, "gather_list": lists or None}
-    return "gather", {**call, **_global(pg, root, "dst", "group_dst")}
+    return "gather", {"tensor": tensor, "gather_list": lists or None, "group_dst": root}
 
 
 def _scatter(pg: Any, args: tuple, kwargs: dict) -> Parsed:
     lists, tensor, root = _rooted(_arg(args, kwargs, 1, "input_tensors"),
                                   _arg(args, kwargs, 0, "output_tensors", "output_tensor"),
                                   _arg(args, kwargs, 2, "opts", "root"))  # fmt: skip
-    call = {"tensor": tensor, "scatter_list": lists or None}
-    return "scatter", {**call, **_global(pg, root, "src", "group_src")}
+    return "scatter", {"tensor": tensor, "scatter_list": lists or None, "group_src": root}
 
 
 def _reduce_scatter(pg: Any, args: tuple, kwargs: dict) -> Parsed:
@@ -169,13 +154,13 @@ def _alltoall_base(pg: Any, args: tuple, kwargs: dict) -> Parsed:
 
 
 def _send(pg: Any, args: tuple, kwargs: dict) -> Parsed:
-    call = {"tensor": _one(_arg(args, kwargs, 0, "tensors")), "tag": _arg(args, kwargs, 2, "tag")}
-    return "isend", {**call, **_global(pg, _arg(args, kwargs, 1, "dstRank"), "dst", "group_dst")}
+    tensor, tag = _one(_arg(args, kwargs, 0, "tensors")), _arg(args, kwargs, 2, "tag")
+    return "isend", {"tensor": tensor, "group_dst": _arg(args, kwargs, 1, "dstRank"), "tag": tag}
 
 
 def _recv(pg: Any, args: tuple, kwargs: dict) -> Parsed:
-    call = {"tensor": _one(_arg(args, kwargs, 0, "tensors")), "tag": _arg(args, kwargs, 2, "tag")}
-    return "irecv", {**call, **_global(pg, _arg(args, kwargs, 1, "srcRank"), "src", "group_src")}
+    tensor, tag = _one(_arg(args, kwargs, 0, "tensors")), _arg(args, kwargs, 2, "tag")
+    return "irecv", {"tensor": tensor, "group_src": _arg(args, kwargs, 1, "srcRank"), "tag": tag}
 
 
 def _recv_anysource(pg: Any, args: tuple, kwargs: dict) -> Parsed:

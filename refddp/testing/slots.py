@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 SLOT_BYTES = 1024
 STATE_OUTSIDE, STATE_INSIDE = b"-", b"I"  # who it waits on is the slot's members field
+ASYNC_WAIT = " (async, in wait())"  # ends the text of an async collective waited on
 
 
 class SlotReading(NamedTuple):

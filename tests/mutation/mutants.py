@@ -184,11 +184,6 @@ ISSUE_48 = [
         (T_RECORDED_ONCE,),
     ),
     Mutant(
-        "batch-ops-traced-again", GROUPS_TRACED, COLLECTIVES,
-        "        if _nested():  # inside another traced call", "        if False:",
-        (T_RECORDED_ONCE,),
-    ),
-    Mutant(
         "traced-isend-refused-by-p2pop", GROUPS_TRACED, COLLECTIVES,
         "        return other is self or other is self.__wrapped__", "        return other is self",
         (T_RECORDED_ONCE,),
@@ -200,9 +195,9 @@ ISSUE_48 = [
         (T_RECORDED_ONCE,),
     ),
     Mutant(
-        "group-roots-left-as-group-ranks", GROUPS_TRACED, GROUP_METHODS,
-        "        return {plain: int(dist.get_global_rank(pg, int(group_rank)))}",
-        "        return {in_group: int(group_rank)}",
+        "group-roots-left-as-group-ranks", GROUPS_TRACED, SIGNATURES,
+        "        return plain, int(dist.get_global_rank(group, int(call[in_group])))",
+        "        return in_group, int(call[in_group])",
         (f"{T_METHODS}::test_a_groups_root_is_read_as_a_global_rank_on_a_subgroup",),
     ),
     Mutant(

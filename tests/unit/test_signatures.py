@@ -93,7 +93,8 @@ def test_all_to_all_split_sizes_are_paired_across_ranks_not_compared():
     # Rank 0 sends rank 1 two rows; rank 1 expects one from it.
     assert unpaired([[1, 2], [1, 1]], [[1, 1], [1, 1]], [0, 1]) == \
         "rank 0 sends 2 to rank 1, which expects 1"  # fmt: skip
-    assert unpaired([[1, 2], [2, 1]], [[1, 2], [2, 1]], [0, 1]) == ""
+    # Rank 0 sends rank 1 two, rank 1 sends rank 0 three: each expects what the other sends.
+    assert unpaired([[1, 2], [3, 1]], [[1, 3], [2, 1]], [0, 1]) == ""
 
 
 def test_a_subgroups_verdict_names_each_member_and_what_differs():
