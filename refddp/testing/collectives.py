@@ -1,39 +1,46 @@
 """A record of the collectives this process issues through ``torch.distributed``.
 
-Three uses: a hang report names the last collective each rank entered (written to a small
-memory-mapped file the driver can read even while the rank is blocked); tests compare the
+Three uses: a hang report names the last collective each rank entered (its slot, ``slots.py``,
+a small memory-mapped file the driver reads even while the rank is blocked); tests compare the
 sequence each rank issued (``record_collectives``) to prove every rank takes the same path;
-and, when enabled, every collective on the default group is first checked against the other
-ranks' (``enable_fingerprint_check``), so a mismatch fails with both collectives named.
+and, when enabled, every collective is first checked against the other ranks' of its group
+(``enable_fingerprint_check``; ``fingerprint_check.py``), so a mismatch fails with each rank's
+call named.
 
 Why our own check rather than torch's: with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps each
 new group in ``ProcessGroupWrapper``, and in torch 2.13 constructing DDP on such a gloo group
 segfaults (DDP's logger casts the wrapper to ProcessGroupGloo). This check also compares the
-reduce op and the src/dst root, which the wrapper's fingerprint leaves out, and compares calls
-after filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` agree.
+reduce op, the src/dst root and the dtype of a rank's own part, which the wrapper's fingerprint
+leaves out, pairs all_to_all's split sizes and a send with its receive, and compares calls after
+filling in defaults, so ``all_reduce(t)`` and ``all_reduce(t, op=SUM)`` agree.
 
-Only calls made through the ``torch.distributed`` namespace are seen; DDP's built-in gradient
-all-reduce runs in C++ and shows up in the process group's sequence number instead
-(``process_group_sequence``). A Python comm hook's all-reduce (refddp's trainer registers one
-with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside autograd. An async
-collective (``async_op=True``, ``isend``) counts as entered while its ``Work.wait()`` runs:
-``dist.Work.wait`` is wrapped for that, so a rank waiting on a peer that never joins is reported
-as fast as for a blocking call (a wait through ``get_future()`` or a polling loop is not seen).
+What is seen: calls through the ``torch.distributed`` namespace, and calls on a process-group
+object (``pg.allreduce(...)``: ``process_groups.py``), each counted once (a function that calls
+the group's method itself is one collective: a thread-local guard lets nested calls through).
+DDP's built-in gradient all-reduce runs in C++ and shows up in the process group's sequence
+number instead (``process_group_sequence``); a Python comm hook's all-reduce (refddp's trainer
+registers one with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside
+autograd. An async collective (``async_op=True``, ``isend``, any group method: they return a
+``Work``) counts as entered while its ``Work.wait()`` runs: ``dist.Work.wait`` is wrapped for
+that, so a rank waiting on a peer that never joins is reported as fast as for a blocking call (a
+wait through ``get_future()`` or a polling loop is not seen).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
-import mmap
-import os
 import sys
+import threading
 import weakref
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from refddp.testing import faults, rank_lists
+from refddp.testing import faults, fingerprint_check, process_groups, signatures
+from refddp.testing.fingerprint_check import CollectiveMismatch
+from refddp.testing.slots import ASYNC_WAIT, STATE_INSIDE, STATE_OUTSIDE, Slot
+
+__all__ = ["CollectiveMismatch", "enable_fingerprint_check", "install", "record_collectives"]
 
 _COLLECTIVES = (
     "all_gather",
@@ -61,96 +68,47 @@ _COLLECTIVES = (
     "scatter_object_list",
     "send",
 )
-_SLOT_BYTES = 1024
-
-# Ops whose tensors legitimately differ between ranks (uneven splits, src/dst-only lists):
-# only their names, roots (src/dst) and groups are compared. Point-to-point ops pair
-# different calls, so are not checked.
-_NAME_ONLY = {
-    "all_to_all",
-    "all_to_all_single",
-    "gather",
-    "scatter",
-    "gather_object",
-    "scatter_object_list",
-    "all_gather_object",
-    "broadcast_object_list",
-}
-# Collectives whose single tensor is this rank's own part, sized as the list that every rank
-# passes says (all_gather's and reduce_scatter's parts may differ in size between ranks): the
-# fingerprint compares the list and leaves the own part out.
-_OWN_PART = {"all_gather": "tensor", "reduce_scatter": "output"}
-# monitored_barrier exists to name a missing rank; a fingerprint exchange would hang on it.
-_UNCHECKED = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "monitored_barrier"}
+# Point-to-point calls pair different calls (a send, its receive): they are checked pair by
+# pair, not by the collective fingerprint. monitored_barrier exists to name a missing rank; a
+# fingerprint exchange would hang on it.
+_POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+_UNCHECKED = _POINT_TO_POINT | {"monitored_barrier"}
 _NONBLOCKING = {"isend", "irecv", "batch_isend_irecv"}
-_FINGERPRINT_BYTES = 256
-
-_ROOT_ARGS = (("src", "group_src"), ("dst", "group_dst"))
-_STATE_OUTSIDE, _STATE_INSIDE = b"-", b"I"  # who it waits on is the slot's members field
 
 _installed = False
-_slot: mmap.mmap | None = None
+_slot: Slot | None = None
 _recorders: list[list[str]] = []
 _count = 0  # collectives entered in the current task (the "#N" of every report)
 _failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
-_checker: Any = None  # the helper process group fingerprints are exchanged on
+_checker: Any = None  # the helper process group fingerprints are exchanged on; None: unchecked
 _signatures: dict[str, inspect.Signature] = {}
+_nesting = threading.local()  # .depth: traced calls this thread is inside
 # An async collective's Work -> (members, "#N signature") until its wait() (a weak key: a Work
-# dropped without waiting leaves nothing behind).
+# dropped without waiting leaves nothing behind); an irecv's Work -> the comparison with its
+# send, run before waiting for the data.
 _in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+_receives: weakref.WeakKeyDictionary[Any, Callable[[], None]] = weakref.WeakKeyDictionary()
 _original_wait: Any = None
 
 
-class CollectiveMismatch(RuntimeError):
-    """Ranks issued different collectives at the same point on the default group."""
-
-
-def _shape(value: Any) -> str | None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
-    if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor):
-        shapes = [tuple(t.shape) for t in value]
-        if len(set(shapes)) == 1:
-            return f"[{len(value)}x{shapes[0]}]"
-        return f"[{', '.join(map(str, shapes))}]"
-    return None
-
-
-def _op_name(op: Any) -> str:
-    # ReduceOp.SUM is a RedOpType; ReduceOp(ReduceOp.SUM) wraps one in `.op`.
-    return str(getattr(getattr(op, "op", op), "name", op))
-
-
-def _group_ranks(group: Any) -> list[int] | str | None:
-    """None for the default group (however it was named), else the group's global ranks."""
-    import torch.distributed as dist
-
-    if group is None or group is dist.group.WORLD:  # WORLD: the default group itself
-        return None
-    try:
-        return list(dist.get_process_group_ranks(group))
-    except (KeyError, RuntimeError, ValueError):
-        # Built from a backend class directly (ProcessGroupGloo(store, rank, size)), as torch
-        # allows: torch never registered its ranks.
-        return f"unregistered({group.size()})"
-
-
 def _members(name: str, call: dict[str, Any]) -> str:
-    """Who this call waits on, for the slot: "*" for the whole default group, global ranks as
-    "0,2" (a registered subgroup, or a point-to-point peer), "?" when unknown (a group built from
-    a backend class, a receive from any source)."""
+    """Who this call waits on, for the slot: "*" for every rank (the default group, a group of
+    every rank), global ranks as "0,2" (a registered subgroup, or a point-to-point peer), "?"
+    when unknown (a smaller group built from a backend class, a receive from any source)."""
     if name in ("send", "recv", "isend", "irecv"):
-        peer = call.get("dst", call.get("src"))
+        peer = signatures.peer(call, "dst" if "send" in name else "src")
         return "?" if peer is None else str(peer)
     if name == "batch_isend_irecv":
         peers = {getattr(op, "peer", None) for op in call.get("p2p_op_list") or ()}
         return "?" if None in peers or not peers else ",".join(map(str, sorted(peers)))
-    ranks = _group_ranks(call.get("group"))
+    ranks = signatures.group_ranks(call.get("group"))
     if ranks is None:
         return "*"
-    return ",".join(map(str, ranks)) if isinstance(ranks, list) else "?"
+    if isinstance(ranks, str):
+        import torch.distributed as dist
+
+        return "*" if call["group"].size() == dist.get_world_size() else "?"
+    return ",".join(map(str, ranks))
 
 
 def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -167,70 +125,15 @@ def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-def _describe(name: str, call: dict[str, Any], shapes: bool = True) -> str:
-    """`all_reduce((4,):float32, SUM)`, `broadcast((4,):float32, src=1, group=[0, 2])`."""
-    parts = []
-    if shapes:
-        parts += [s for s in map(_shape, call.values()) if s is not None]
-    if "op" in call:
-        parts.append(_op_name(call["op"]))
-    for plain, in_group in _ROOT_ARGS:
-        if call.get(plain) is not None:
-            parts.append(f"{plain}={call[plain]}")
-        elif call.get(in_group) is not None:
-            parts.append(f"{in_group}={call[in_group]}")
-    ranks = _group_ranks(call.get("group"))
-    if ranks is not None:
-        parts.append(f"group={ranks}")
-    return f"{name}({', '.join(parts)})"
-
-
-def _check_fingerprint(signature: str) -> None:
-    """Check that every rank is issuing this collective; raise on every rank if any differs.
-
-    One small all-reduce carries a 56-bit hash of each rank's signature as (min, -max): equal
-    only if every rank's is. Only on a mismatch are the signatures themselves all-gathered to
-    name them (an all-gather of every rank's text costs several times the all-reduce on many
-    ranks). These collectives pair the k-th checked collective of every rank, so only the
-    signature is compared; the "#N" shown is each rank's own count for the current task.
-    """
-    import torch
-    import torch.distributed as dist
-
-    digest = int.from_bytes(hashlib.blake2b(signature.encode(), digest_size=7).digest(), "big")
-    extremes = torch.tensor([digest, -digest], dtype=torch.int64)
-    dist.distributed_c10d.all_reduce(extremes, op=dist.ReduceOp.MIN, group=_checker)
-    if extremes[0] != -extremes[1]:
-        _name_the_mismatch(signature)
-
-
-def _name_the_mismatch(signature: str) -> None:
-    """All-gather every rank's signature and count, and raise naming each distinct one with
-    the ranks running it."""
-    import torch
-    import torch.distributed as dist
-
-    data = signature.encode()[:_FINGERPRINT_BYTES].ljust(_FINGERPRINT_BYTES, b"\0")
-    mine = torch.frombuffer(bytearray(data + _count.to_bytes(8, "little")), dtype=torch.uint8)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(_checker))]
-    dist.distributed_c10d.all_gather(everyone, mine, group=_checker)
-    raw = [bytes(t.tolist()) for t in everyone]
-    seen = [r[:_FINGERPRINT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
-    counts = [int.from_bytes(r[_FINGERPRINT_BYTES:], "little") for r in raw]
-    groups = rank_lists.group((r, f"#{counts[r]} {s}") for r, s in enumerate(seen))
-    listed = "; ".join(
-        f"{rank_lists.who(ranks)} {'is' if len(ranks) == 1 else 'are'} running {what}"
-        for ranks, what in groups
-    )
-    raise CollectiveMismatch(f"Detected mismatch between collectives on ranks: {listed}")
-
-
 def reset_count() -> None:
     """Number collectives from #1 again (at the start of each harness task)."""
     global _count, _failed
     _count, _failed = 0, None
     _in_flight.clear()
-    _write_slot(_STATE_OUTSIDE, "")  # a report must not show the last task's collective
+    _receives.clear()
+    fingerprint_check.new_task()
+    if _slot is not None:
+        _slot.write(STATE_OUTSIDE, "", 0)  # a report must not show the last task's collective
 
 
 def raised_inside(exc: BaseException) -> str:
@@ -250,152 +153,186 @@ def forget_failure() -> None:
     _failed = None
 
 
-def enable_fingerprint_check(helper_group: Any) -> None:
-    """Check each default-group collective against every rank's before issuing it."""
+def enable_fingerprint_check(helper_group: Any, store: Any = None, workdir: str | None = None
+                             ) -> None:  # fmt: skip
+    """Check each collective against every rank's of its group before issuing it: on
+    ``helper_group`` (a group of every rank) for groups of every rank, through ``store`` (the
+    pool's) for subgroups and point-to-point calls; ``workdir`` holds the ranks' slots."""
     global _checker
     install()
     _checker = helper_group
+    fingerprint_check.configure(store, workdir)
 
 
-def _write_slot(state: bytes, text: str, members: str = "*") -> None:
-    """The slot holds the state byte, who the collective waits on ("*", "0,2" or "?": a list
-    too long for the slot counts as unknown), the task's collective count, then the text the
-    reports show, separated by unit separators."""
+def _nested() -> bool:
+    return getattr(_nesting, "depth", 0) > 0
+
+
+def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
+    """Count, record and check the collective ``name`` (its arguments by name in ``call``),
+    then issue it (``run``), with the slot saying the rank is inside it meanwhile."""
+    global _count, _failed
+    _count += 1
+    fault = faults.due_at_collective(_count) if faults._armed else None
+    signature = signatures.describe(name, call)
+    for log in _recorders:
+        log.append(signature)
+    members = _members(name, call)
+    async_op = name in _NONBLOCKING or bool(call.get("async_op"))
     if _slot is not None:
-        if len(members) > _SLOT_BYTES // 2:
-            members = "?"
-        fields = f"{members}\x1f{_count}\x1f{text}".encode()
-        data = (state + fields)[: _SLOT_BYTES - 1]
-        _slot[:] = data + b"\0" * (_SLOT_BYTES - len(data))
+        # Inside until the call returns (the fingerprint check blocks even for an async
+        # op); an async op then counts as inside again while its Work is waited on
+        # (``_traced_wait``). A blocking send or recv waits on its one peer.
+        _slot.write(STATE_INSIDE, f"#{_count} {signature} at {_call_site(3)}", _count, members)
+    _nesting.depth = getattr(_nesting, "depth", 0) + 1
+    try:
+        receives: list[tuple[int, Any]] = []
+        if _checker is not None and name not in _UNCHECKED:
+            fingerprint_check.check(_checker, name, call, signature, _count)
+        elif _checker is not None and name in _POINT_TO_POINT:
+            receives = _pair_up(name, call, signature)
+        if fault is not None:  # every rank has entered this collective (checked above)
+            where = f"collective #{_count} {signature}"
+            return faults.fire(fault, where, run)
+        result = run()
+        works = result if isinstance(result, list) else [result]
+        if async_op and _slot is not None:
+            label = f"#{_count} {signature}{ASYNC_WAIT}"
+            for work in works:
+                if work is not None:
+                    _in_flight[work] = (members, label)
+        for index, compare in receives:  # an irecv's: at its wait (its sender posts later)
+            work = works[min(index, len(works) - 1)] if works else None
+            if work is not None:
+                _receives[work] = compare
+        return result
+    except BaseException as exc:
+        _failed = (exc, f"#{_count} {signature}")
+        raise
+    finally:
+        _nesting.depth -= 1
+        if _slot is not None:
+            _slot.leave()
+
+
+def _pair_up(name: str, call: dict[str, Any], signature: str) -> list[tuple[int, Any]]:
+    """Post each send's payload for its receiver; compare each receive whose sender has posted
+    (a blocking receive waits for the post: the sender posts before it sends). The others, an
+    irecv's, come back as (index of its Work, comparison) to run at the Work's wait."""
+    ops = [(name, call, signature)]
+    if name == "batch_isend_irecv":  # each op's peer is a global rank (P2POp.peer)
+        ops = []
+        for op in call.get("p2p_op_list") or ():
+            kind = getattr(op.op, "__name__", "")
+            one = {"tensor": op.tensor, "tag": op.tag, "group": op.group,
+                   ("dst" if kind == "isend" else "src"): op.peer}  # fmt: skip
+            ops.append((kind, one, f"{signatures.describe(kind, one)} in batch_isend_irecv"))
+    pending = []
+    for index, (kind, one, what) in enumerate(ops):
+        if kind in ("send", "isend"):
+            fingerprint_check.before_send(one, what, _count)
+            continue
+        compare = fingerprint_check.receive_check(one, what, _count)
+        if compare is not None and (kind == "recv" or compare.posted()):
+            compare()
+        elif compare is not None:
+            pending.append((index, compare))
+    return pending
 
 
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
-        global _count, _failed
-        _count += 1
-        fault = faults.due_at_collective(_count) if faults._armed else None
         call = _bind(name, fn, args, kwargs)
-        signature = _describe(name, call)
-        for log in _recorders:
-            log.append(signature)
-        members = _members(name, call)
-        on_world = members == "*"  # (point-to-point ops name their peer: never fingerprinted)
-        async_op = name in _NONBLOCKING or bool(call.get("async_op"))
-        if _slot is not None:
-            # Inside until the call returns (the fingerprint check blocks even for an async
-            # op); an async op then counts as inside again while its Work is waited on
-            # (``_traced_wait``). A blocking send or recv waits on its one peer.
-            _write_slot(_STATE_INSIDE, f"#{_count} {signature} at {_call_site()}", members)
-        try:
-            if _checker is not None and name not in _UNCHECKED and on_world:
-                agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}
-                fingerprint = _describe(name, agreed, shapes=name not in _NAME_ONLY)
-                _check_fingerprint(fingerprint)
-            if fault is not None:  # every rank has entered this collective (checked above)
-                where = f"collective #{_count} {signature}"
-                return faults.fire(fault, where, lambda: fn(*args, **kwargs))
-            result = fn(*args, **kwargs)
-            if async_op and _slot is not None:
-                for work in result if isinstance(result, list) else [result]:
-                    if work is not None:
-                        _in_flight[work] = (members, f"#{_count} {signature} (async, in wait())")
-            return result
-        except BaseException as exc:
-            _failed = (exc, f"#{_count} {signature}")
-            raise
-        finally:
-            if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
-                _slot[:1] = _STATE_OUTSIDE
+        if name == "batch_isend_irecv" and isinstance(call.get("p2p_op_list"), list):
+            return _enter(name, call, lambda: fn(_with_torchs_own_ops(call["p2p_op_list"])))
+        return _enter(name, call, lambda: fn(*args, **kwargs))
 
+    if name in ("isend", "irecv"):
+        return _TracedPeerFunction(name, fn, traced)
     traced.__wrapped__ = fn  # type: ignore[attr-defined]
     traced.__name__ = name
     traced.__doc__ = fn.__doc__
     return traced
 
 
-def _call_site() -> str:
+class _TracedPeerFunction:
+    """``isend`` / ``irecv``, traced, and equal to torch's own: ``P2POp`` refuses any ``op``
+    that is not (``op not in [isend, irecv]``)."""
+
+    def __init__(self, name: str, fn: Any, traced: Callable[..., Any]):
+        self.__name__, self.__wrapped__, self.__doc__ = name, fn, fn.__doc__
+        self._traced = traced
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._traced(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+
+def _with_torchs_own_ops(ops: list) -> list:
+    """The ops, each built again with torch's own ``isend`` / ``irecv`` where it holds our
+    traced one: ``batch_isend_irecv`` tells them apart by identity (``op.op is isend``)."""
+    import torch.distributed as dist
+
+    return [dist.P2POp(op.op.__wrapped__, op.tensor, op.peer, op.group, op.tag)
+            if isinstance(op.op, _TracedPeerFunction) else op for op in ops]  # fmt: skip
+
+
+def _call_site(depth: int) -> str:
     """Where the code that called the traced function is: "file.py:12 in step"."""
-    caller = sys._getframe(2)
+    caller = sys._getframe(depth)
     return f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
 
 
 def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's signature)
     """``Work.wait`` that marks the rank as inside the async collective it waits on, so a peer
-    that never joins it is reported as fast as for a blocking call."""
+    that never joins it is reported as fast as for a blocking call; an irecv's comparison with
+    its send runs first."""
     global _failed
+    compare = _receives.pop(work, None) if _receives else None
     entry = _in_flight.get(work) if _slot is not None else None
-    if entry is None:
+    if entry is None and compare is None:
         return _original_wait(work, *args, **kwargs)
-    members, label = entry
-    _write_slot(_STATE_INSIDE, f"{label} at {_call_site()}", members)
+    members, label = entry or ("?", "")
+    if _slot is not None:
+        _slot.write(STATE_INSIDE, f"{label} at {_call_site(2)}", _count, members)
     try:
+        if compare is not None:
+            compare()
         done = _original_wait(work, *args, **kwargs)
     except BaseException as exc:
         _in_flight.pop(work, None)
         _failed = (exc, label)
         raise
     finally:
-        if _slot is not None and _slot[:1] != _STATE_OUTSIDE:
-            _slot[:1] = _STATE_OUTSIDE
+        if _slot is not None:
+            _slot.leave()
     if work.is_completed():  # (a wait with a timeout may return before: waited on again)
         _in_flight.pop(work, None)
     return done
 
 
 def install(slot_path: str | None = None) -> None:
-    """Trace ``torch.distributed``'s collectives in this process (idempotent).
-
-    With ``slot_path`` the last collective entered is also kept in that file.
-    """
-    global _installed, _slot
+    """Trace ``torch.distributed``'s collectives and the process groups' methods in this
+    process (idempotent). With ``slot_path`` the last collective entered is also kept there."""
+    global _installed, _slot, _original_wait
     import torch.distributed as dist
 
     if slot_path is not None and _slot is None:
-        with open(slot_path, "w+b") as f:
-            f.truncate(_SLOT_BYTES)
-            _slot = mmap.mmap(f.fileno(), _SLOT_BYTES)
-        _write_slot(_STATE_OUTSIDE, "")
+        _slot = Slot(slot_path)
     if _installed:
         return
     for name in _COLLECTIVES:
         if hasattr(dist, name):
             setattr(dist, name, _wrap(name, getattr(dist, name)))
-    global _original_wait
+    process_groups.trace(_enter, _nested)
     _original_wait = dist.Work.wait  # public class; a subclass's own wait() is left alone
     dist.Work.wait = _traced_wait
     _installed = True
-
-
-class SlotReading(NamedTuple):
-    last: str  # "#3 barrier() at file.py:12 in step", or "" before the first collective
-    inside: bool  # still blocked in it
-    on_world: bool  # it involves every rank of the default group
-    members: frozenset[int] | None = None  # else the global ranks it needs; None if unknown
-    entered: int = 0  # collectives the rank entered in the task so far
-
-
-def read_slot(slot_path: str) -> SlotReading:
-    """The last collective a rank entered, as written to its slot file. The rank may be
-    writing it meanwhile: a torn read gives a garbled text and unknown members, never an
-    error."""
-    try:
-        with open(slot_path, "rb") as f:
-            data = f.read(_SLOT_BYTES)
-    except OSError:
-        return SlotReading("", False, False)
-    state, rest = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
-    who, _, rest = rest.partition("\x1f")
-    count, _, text = rest.partition("\x1f")
-    members = None
-    try:
-        if who not in ("*", "?", ""):
-            members = frozenset(int(r) for r in who.split(","))
-        entered = int(count or 0)
-    except ValueError:
-        members, entered = None, 0
-    # Who the collective waits on stays written after it returned or raised (only the state
-    # byte is reset): a failed rank's report can still tell which ranks its collective needed.
-    return SlotReading(text, state != _STATE_OUTSIDE, who == "*", members, entered)
 
 
 @contextlib.contextmanager
@@ -422,7 +359,3 @@ def process_group_sequence() -> int | None:
         return int(group._get_sequence_number_for_group())
     except (AttributeError, RuntimeError):
         return None
-
-
-def slot_path_for(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, f"rank{rank}.collective")

@@ -29,7 +29,6 @@ from typing import Any
 from refddp.testing import faults as fault_records
 from refddp.testing import nodes as node_layout
 from refddp.testing import rank_coverage, rank_server
-from refddp.testing.collectives import read_slot, slot_path_for
 from refddp.testing.context import RankFailure, RankSkipped, RankTimeout
 from refddp.testing.faults import Fault
 from refddp.testing.payload import pickle_call
@@ -53,6 +52,7 @@ from refddp.testing.reports import (
     finished_without_joining,
     skipped_headline,
 )
+from refddp.testing.slots import read_slot, slot_path_for
 
 DEFAULT_TIMEOUT_S = 60.0
 FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simultaneous others

@@ -12,9 +12,9 @@ import os
 import re
 import time
 
-from refddp.testing.collectives import SlotReading, read_slot, slot_path_for
 from refddp.testing.protocol import FAILURES, STACK_SIGNAL, Died, Failed, Reply
 from refddp.testing.rank_lists import group, group_rank_lines, rank_list, who
+from refddp.testing.slots import SlotReading, read_slot, slot_path_for
 
 OUTPUT_TAIL_LINES = 40
 SHOWN_IN_FULL = 16  # ranks: up to this world size every traceback, stack and output is shown

@@ -41,7 +41,16 @@ import torch
 import torch.distributed as dist
 
 from refddp.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
-from refddp.testing import collectives, context, faults, leftovers, nodes, rank_coverage
+from refddp.testing import (
+    collectives,
+    context,
+    faults,
+    fingerprint_check,
+    leftovers,
+    nodes,
+    rank_coverage,
+    slots,
+)
 from refddp.testing.context import RankContext
 from refddp.testing.protocol import (
     RANK_FIXTURES,
@@ -251,8 +260,10 @@ def _join_pool_group(args: argparse.Namespace, store: Any) -> None:
             # its way.
             timeout=datetime.timedelta(seconds=args.collective_timeout),
         )
-        if detail:
-            collectives.enable_fingerprint_check(dist.new_group(backend="gloo"))
+        if detail:  # subgroups' and point-to-point checks go through the pool's store
+            helper = dist.new_group(backend="gloo")
+            collectives.enable_fingerprint_check(helper, store, args.workdir)
+            fingerprint_check.replace_torchs_group_check()
     if detail:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
 
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         _exit(cov, 3)
     stack_file = open(os.path.join(args.workdir, f"rank{args.rank}.stack"), "w")  # noqa: SIM115
     arm_stack_dumps(stack_file)
-    collectives.install(collectives.slot_path_for(args.workdir, args.rank))
+    collectives.install(slots.slot_path_for(args.workdir, args.rank))
     torch.set_num_threads(1)
     nodes.take_node_hostname()
 

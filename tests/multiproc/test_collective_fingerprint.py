@@ -1,11 +1,19 @@
-"""The harness's collective fingerprint compares dtypes too (shapes, order and reduce ops are
-proven in test_harness.py): a dtype mismatch is caught before gloo sees mismatched buffers."""
+"""The harness's collective check names what differs, on every kind of group, before torch
+sees mismatched buffers: dtypes (the issue's all_gather of float32 against int32, whose bytes
+gloo would reinterpret), all_to_all's split sizes that do not pair up, a send and its receive,
+a subgroup's members, and a rank on another group than its peers; and lets through what torch
+allows (broadcast's shape at an equal element count). Shapes, order and reduce ops on the
+default group: test_harness.py; the whole space of calls: test_collective_space.py."""
+
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from refddp.testing import RankFailure
+
+DEADLINE = 30.0  # every mismatch below is reported long before this
 
 
 def mismatched_dtypes():
@@ -19,3 +27,157 @@ def test_mismatched_dtypes_fail_naming_both_dtypes(spawn):
     report = str(info.value)
     assert "Detected mismatch between collectives" in report
     assert "all_reduce((2,):float32, SUM)" in report and "all_reduce((2,):float64, SUM)" in report
+
+
+def all_gather_float_against_int():
+    # The issue: gloo completes it, each rank reading the other's bytes as its own dtype
+    # (1.4e-45 and 1065353216).
+    dtype = torch.float32 if dist.get_rank() == 0 else torch.int32
+    out = [torch.zeros(2, dtype=dtype) for _ in range(2)]
+    dist.all_gather(out, torch.ones(2, dtype=dtype))
+    return [t.tolist() for t in out]
+
+
+def test_the_issues_all_gather_of_float32_against_int32_fails_naming_both_ranks_and_dtypes(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(all_gather_float_against_int, timeout=DEADLINE)
+    assert set(info.value.failures) == {0, 1}, "both ranks fail, before gloo mixes the bytes"
+    assert (
+        "Detected mismatch between collectives on ranks: rank 0 is running #1 "
+        "all_gather([2x(2,):float32], (2,):float32); rank 1 is running #1 "
+        "all_gather([2x(2,):int32], (2,):int32)"
+    ) in str(info.value)
+
+
+def own_part_in_another_dtype():
+    # Every rank passes the same list; rank 1's own part is not of its dtype.
+    own = torch.ones(2, dtype=torch.int32 if dist.get_rank() == 1 else torch.float32)
+    dist.all_gather([torch.zeros(2) for _ in range(2)], own)
+
+
+def test_a_ranks_own_part_in_another_dtype_is_a_mismatch_on_every_rank(spawn):
+    # Without the check, rank 1's gloo refuses it and rank 0 waits in the gather for good.
+    with pytest.raises(RankFailure) as info:
+        spawn(own_part_in_another_dtype, timeout=DEADLINE)
+    assert set(info.value.failures) == {0, 1}
+    assert "rank 1 is running #1 all_gather([2x(2,):float32], (2,):int32)" in str(info.value)
+
+
+def broadcast_in_another_shape():
+    t = torch.arange(6.0).reshape(2, 3) if dist.get_rank() == 0 else torch.zeros(6)
+    dist.broadcast(t, src=0)
+    return t.flatten().tolist()
+
+
+def test_a_broadcast_of_the_same_element_count_in_another_shape_passes(spawn):
+    assert spawn(broadcast_in_another_shape) == [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]] * 2
+
+
+def unpaired_splits():
+    # Rank 0 sends rank 1 two rows; rank 1 expects one from it (and sends rank 0 one more
+    # than rank 0 expects): gloo would wait for good, or fill the rest with what is left.
+    out, inp = torch.zeros(3, 2), torch.ones(3, 2)
+    dist.all_to_all_single(out, inp, [1, 2], [1, 2])
+
+
+def test_all_to_all_split_sizes_that_do_not_pair_up_fail_naming_the_pair(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(unpaired_splits, timeout=DEADLINE)
+    assert set(info.value.failures) == {0, 1}
+    assert "rank 0 sends 2 to rank 1, which expects 1" in str(info.value)
+
+
+def paired_uneven_splits():
+    rank = dist.get_rank()
+    sends, receives = ([1, 2], [1, 3]) if rank == 0 else ([3, 1], [2, 1])
+    out = torch.zeros(sum(receives))
+    dist.all_to_all_single(out, torch.full((sum(sends),), float(rank)), receives, sends)
+    return out.tolist()
+
+
+def test_uneven_split_sizes_that_pair_up_pass(spawn):
+    assert spawn(paired_uneven_splits) == [[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
+
+
+def send_float_receive_int():
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(2), dst=1)
+    else:
+        t = torch.zeros(2, dtype=torch.int32)
+        dist.recv(t, src=0)  # gloo would fill it with 1065353216s
+        return t.tolist()
+
+
+def test_a_receive_of_another_dtype_than_its_send_fails_naming_both(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(send_float_receive_int, timeout=DEADLINE)
+    assert (
+        "Detected mismatch between collectives on ranks: rank 0 is running #1 send((2,):float32, "
+        "dst=1); rank 1 is running #1 recv((2,):int32, src=0)"
+    ) in str(info.value)
+
+
+def subgroup_members_disagree():
+    evens = dist.new_group([0, 2])
+    if dist.get_rank() in (0, 2):
+        dtype = torch.float32 if dist.get_rank() == 0 else torch.int32
+        dist.all_reduce(torch.ones(2, dtype=dtype), group=evens)
+    return "done"
+
+
+def test_a_subgroups_members_that_disagree_fail_and_the_others_finish(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(subgroup_members_disagree, world_size=3, timeout=DEADLINE)
+    assert time.monotonic() - start < 15
+    assert set(info.value.failures) == {0, 2}, "rank 1, outside the group, finishes"
+    assert (
+        "rank 0 is running #1 all_reduce((2,):float32, SUM, group=[0, 2]); rank 2 is running #1 "
+        "all_reduce((2,):int32, SUM, group=[0, 2])"
+    ) in str(info.value)
+
+
+def one_rank_on_a_subgroup():
+    pair = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(2), group=pair if dist.get_rank() == 0 else None)
+
+
+def test_a_rank_on_a_subgroup_while_its_peers_are_on_the_world_is_named_in_seconds(spawn):
+    # Rank 0 waits for rank 1 in the pair's check; ranks 1 and 2 wait for rank 0 in the world's:
+    # neither can ever end. Rank 0 sees rank 1 blocked in a collective that needs it.
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(one_rank_on_a_subgroup, world_size=3, timeout=DEADLINE)
+    assert time.monotonic() - start < 15
+    assert (
+        "Detected mismatch between collectives on ranks: rank 0 is running #1 all_reduce((2,):"
+        "float32, SUM, group=[0, 1]); rank 1 is running #1 all_reduce((2,):float32, SUM)"
+    ) in str(info.value)
+
+
+def world_against_a_group_of_every_rank():
+    every = dist.new_group()  # the same ranks, another group: torch would hang
+    dist.all_reduce(torch.ones(2), group=every if dist.get_rank() == 1 else None)
+
+
+def test_the_default_group_and_another_group_of_every_rank_are_told_apart(spawn):
+    with pytest.raises(RankFailure) as info:
+        spawn(world_against_a_group_of_every_rank, timeout=DEADLINE)
+    assert (
+        "rank 0 is running #1 all_reduce((2,):float32, SUM); rank 1 is running #1 "
+        "all_reduce((2,):float32, SUM, group=[0, 1])"
+    ) in str(info.value)
+
+
+def ddp_on_a_new_group():
+    group = dist.new_group()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), process_group=group)
+    model(torch.ones(1, 2)).sum().backward()
+    return model.module.weight.grad.tolist()
+
+
+def test_ddp_on_a_group_the_test_makes_runs_checked_by_the_harness_not_torchs_wrapper(spawn):
+    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps new groups in its ProcessGroupWrapper, on
+    # which DDP's construction crashed gloo ranks (SIGSEGV): the harness's check replaces it.
+    grads = spawn(ddp_on_a_new_group, timeout=DEADLINE)
+    assert grads[0] == grads[1] == [[1.0, 1.0], [1.0, 1.0]]

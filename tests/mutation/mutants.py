@@ -24,6 +24,13 @@ class Mutant:
 
 DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
 CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
+SIGNATURES, CHECK = "refddp/testing/signatures.py", "refddp/testing/fingerprint_check.py"
+GROUP_METHODS = "refddp/testing/process_groups.py"
+T_SIGNATURES = "tests/unit/test_signatures.py"
+T_FINGERPRINT = "tests/multiproc/test_collective_fingerprint.py"
+T_METHODS = "tests/multiproc/test_process_group_methods.py"
+T_RECORDED_ONCE = (f"{T_METHODS}::test_each_collective_is_recorded_once_whether_called_as_a_"
+                   "function_or_a_method")
 RUN_STATE, RUN_FILES = "refddp/run_state.py", "refddp/run_files.py"
 CKPT_FULL = "refddp/checkpoint_full.py"
 SYNC_BN, PARALLEL = "refddp/sync_batchnorm.py", "refddp/parallel.py"
@@ -82,6 +89,124 @@ T_LINT_CMD, T_LINT_SELF = "tests/unit/test_lint_commands.py", "tests/unit/test_n
 def lint_case(name: str) -> str:
     return f"{T_LINT}[{name}]"
 
+
+
+# The collective check over the space of calls (issue 48), and group methods traced.
+CHECK_SPACE = "the collective check over the space of calls"
+GROUPS_TRACED = "collectives called on a process-group object are traced"
+ISSUE_48 = [
+    Mutant(
+        "list-entries-compared-without-dtypes", CHECK_SPACE, SIGNATURES,
+        '        return shape_text(value) or f"[{len(value)}]"',
+        '        return str([tuple(t.shape) for t in value])',
+        (f"{T_SIGNATURES}::test_all_gather_compares_the_list_with_its_dtypes_and_the_own_part_by_"
+         "dtype_only",),
+    ),
+    Mutant(
+        "own-part-dtype-uncompared", CHECK_SPACE, SIGNATURES,
+        '    "all_gather": {"tensor_list": LIST, "tensor": DTYPE},',
+        '    "all_gather": {"tensor_list": LIST},',
+        (f"{T_SIGNATURES}::test_all_gather_compares_the_list_with_its_dtypes_and_the_own_part_by_"
+         "dtype_only",
+         f"{T_FINGERPRINT}::test_a_ranks_own_part_in_another_dtype_is_a_mismatch_on_every_rank"),
+    ),
+    Mutant(
+        "broadcast-shapes-compared", CHECK_SPACE, SIGNATURES,
+        '    "broadcast": {"tensor": ELEMENTS},', '    "broadcast": {"tensor": SHAPE},',
+        (f"{T_SIGNATURES}::test_broadcast_compares_element_counts_not_shapes",
+         f"{T_FINGERPRINT}::test_a_broadcast_of_the_same_element_count_in_another_shape_passes"),
+    ),
+    Mutant(
+        "whole-tensors-form-compared", CHECK_SPACE, SIGNATURES,
+        '    "all_gather_into_tensor": {"output_tensor": ELEMENTS, "input_tensor": SHAPE},',
+        '    "all_gather_into_tensor": {"output_tensor": SHAPE, "input_tensor": SHAPE},',
+        (f"{T_SIGNATURES}::test_single_tensor_forms_let_each_rank_concatenate_or_stack_its_whole_"
+         "tensor",),
+    ),
+    Mutant(
+        "object-list-length-uncompared", CHECK_SPACE, SIGNATURES,
+        '    "broadcast_object_list": {"object_list": LENGTH},', '    "broadcast_object_list": {},',
+        (f"{T_SIGNATURES}::test_object_collectives_compare_list_lengths_and_roots_not_objects",),
+    ),
+    Mutant(
+        "split-sizes-paired-with-their-own", CHECK_SPACE, SIGNATURES,
+        "        if sends[i][j] != recvs[j][i]", "        if sends[i][j] != recvs[i][j]",
+        (f"{T_SIGNATURES}::test_all_to_all_split_sizes_are_paired_across_ranks_not_compared",),
+    ),
+    Mutant(
+        "split-sizes-unpaired-on-the-world", CHECK_SPACE, CHECK,
+        "    if pairs is not None and world_size <= PAIRING_LIMIT:", "    if False:",
+        (f"{T_FINGERPRINT}::test_all_to_all_split_sizes_that_do_not_pair_up_fail_naming_the_pair",),
+    ),
+    Mutant(
+        "split-sizes-unpaired-on-subgroups", CHECK_SPACE, CHECK,
+        "    if records[0][3] is not None:", "    if False:",
+        (f"{T_SIGNATURES}::test_a_subgroups_verdict_names_each_member_and_what_differs",),
+    ),
+    Mutant(
+        "subgroups-left-unchecked", CHECK_SPACE, CHECK,
+        "    elif _store is not None:\n", "    elif False:\n",
+        (f"{T_FINGERPRINT}::test_a_subgroups_members_that_disagree_fail_and_the_others_finish",),
+    ),
+    Mutant(
+        "rank-on-another-group-unseen", CHECK_SPACE, CHECK,
+        '    return slot.last.split(" at ", 1)[0] if needs_me and not same_group else ""',
+        '    return ""',
+        (f"{T_FINGERPRINT}::test_a_rank_on_a_subgroup_while_its_peers_are_on_the_world_is_named_in_"
+         "seconds",),
+    ),
+    Mutant(
+        "receive-left-unchecked", CHECK_SPACE, CHECK,
+        "        if sent != signatures.payload(self.call):", "        if False:",
+        (f"{T_FINGERPRINT}::test_a_receive_of_another_dtype_than_its_send_fails_naming_both",),
+    ),
+    Mutant(
+        "full-size-backend-group-unchecked", CHECK_SPACE, CHECK,
+        "        return (None, group.rank()) if group.size() == world_size else None",
+        "        return None",
+        (f"{T_METHODS}::test_a_group_built_from_the_backend_class_with_every_rank_is_checked",),
+    ),
+    Mutant(
+        "torchs-group-wrapper-kept", CHECK_SPACE, CHECK,
+        "        c10d._create_process_group_wrapper = lambda wrapped_pg, *args, **kwargs: wrapped_pg",
+        "        pass",
+        (f"{T_FINGERPRINT}::test_ddp_on_a_group_the_test_makes_runs_checked_by_the_harness_not_"
+         "torchs_wrapper",),
+    ),
+    Mutant(
+        "group-methods-untraced", GROUPS_TRACED, COLLECTIVES,
+        "    process_groups.trace(_enter, _nested)\n", "",
+        (T_RECORDED_ONCE,),
+    ),
+    Mutant(
+        "group-methods-traced-inside-functions", GROUPS_TRACED, GROUP_METHODS,
+        "        if nested():\n", "        if False:\n",
+        (T_RECORDED_ONCE,),
+    ),
+    Mutant(
+        "traced-isend-refused-by-p2pop", GROUPS_TRACED, COLLECTIVES,
+        "        return other is self or other is self.__wrapped__", "        return other is self",
+        (T_RECORDED_ONCE,),
+    ),
+    Mutant(
+        "batch-ops-keep-the-traced-functions", GROUPS_TRACED, COLLECTIVES,
+        '            return _enter(name, call, lambda: fn(_with_torchs_own_ops(call["p2p_op_list"])))',
+        "            return _enter(name, call, lambda: fn(*args, **kwargs))",
+        (T_RECORDED_ONCE,),
+    ),
+    Mutant(
+        "group-roots-left-as-group-ranks", GROUPS_TRACED, SIGNATURES,
+        "        return plain, int(dist.get_global_rank(group, int(call[in_group])))",
+        "        return in_group, int(call[in_group])",
+        (f"{T_METHODS}::test_a_groups_root_is_read_as_a_global_rank_on_a_subgroup",),
+    ),
+    Mutant(
+        "group-method-waits-untraced", GROUPS_TRACED, GROUP_METHODS,
+        '        call["group"], call["async_op"] = pg, True  # (every method returns a Work)',
+        '        call["group"] = pg',
+        (f"{T_METHODS}::test_a_rank_skipping_a_groups_broadcast_is_named_in_seconds[unchecked]",),
+    ),
+]
 
 MUTANTS = (
     Mutant(
@@ -286,24 +411,26 @@ MUTANTS = (
     ),
     Mutant(
         "fingerprint-never-compared", "collective fingerprint: a real mismatch caught",
-        COLLECTIVES, "if extremes[0] != -extremes[1]:", "if False:",
+        CHECK, "if extremes[0] != -extremes[1]:", "if False:",
         (f"{T_HARNESS}::test_mismatched_collective_order_fails_naming_both_collectives",),
     ),
     Mutant(
-        "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", COLLECTIVES,
-        "shapes=name not in _NAME_ONLY", "shapes=False",
-        (f"{T_HARNESS}::test_mismatched_shapes_fail_naming_the_shapes",),
+        "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", SIGNATURES,
+        "        return _tensor_text(value, view)\n", "        return _tensor_text(value, DTYPE)\n",
+        (f"{T_SIGNATURES}::test_reductions_compare_shapes_dtypes_and_ops",
+         f"{T_HARNESS}::test_mismatched_shapes_fail_naming_the_shapes"),
     ),
     Mutant(
-        "fingerprint-without-dtypes", "collective fingerprint: dtypes", COLLECTIVES,
-        "f\"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}\"",
-        'f"{tuple(value.shape)}"',
-        ("tests/multiproc/test_collective_fingerprint.py",),
+        "fingerprint-without-dtypes", "collective fingerprint: dtypes", SIGNATURES,
+        '    dtype = str(t.dtype).removeprefix("torch.")\n', '    dtype = "float32"\n',
+        (f"{T_SIGNATURES}::test_reductions_compare_shapes_dtypes_and_ops",
+         f"{T_FINGERPRINT}::test_mismatched_dtypes_fail_naming_both_dtypes"),
     ),
     Mutant(
-        "fingerprint-without-ops", "collective fingerprint: reduce ops", COLLECTIVES,
-        'parts.append(_op_name(call["op"]))', "pass",
-        (f"{T_HARNESS}::test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing",),
+        "fingerprint-without-ops", "collective fingerprint: reduce ops", SIGNATURES,
+        '        parts.append(op_name(call["op"]))', "        pass",
+        (f"{T_SIGNATURES}::test_reductions_compare_shapes_dtypes_and_ops",
+         f"{T_HARNESS}::test_mismatched_reduce_ops_fail_instead_of_silently_disagreeing"),
     ),
     Mutant(
         "fsdp-syncs-every-micro-batch", "FSDP accumulation without gradient sync", PARALLEL,
@@ -643,14 +770,16 @@ MUTANTS = (
         ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_and_a_failed_subtest_fails",),
     ),
     Mutant(
-        "own-part-fingerprinted", "collectives torch accepts, the harness accepts", COLLECTIVES,
-        "                agreed = {k: v for k, v in call.items() if k != _OWN_PART.get(name)}",
-        "                agreed = call",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        "own-part-fingerprinted", "collectives torch accepts, the harness accepts", SIGNATURES,
+        '    "reduce_scatter": {"output": DTYPE, "input_list": LIST},',
+        '    "reduce_scatter": {"output": SHAPE, "input_list": LIST},',
+        (f"{T_SIGNATURES}::test_reduce_scatter_compares_the_list_and_the_op_and_the_own_part_by_"
+         "dtype_only",
+         "tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed"),
     ),
     Mutant(
         "unregistered-group-breaks-tracing", "collectives torch accepts, the harness accepts",
-        COLLECTIVES, "    except (KeyError, RuntimeError, ValueError):\n        # Built from",
+        SIGNATURES, "    except (KeyError, RuntimeError, ValueError):\n        # Built from",
         "    except ZeroDivisionError:\n        # Built from",
         ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
@@ -1301,8 +1430,8 @@ MUTANTS = (
     ),
     Mutant(
         "mismatch-listed-rank-by-rank", "a failure among many ranks reads as a screenful",
-        COLLECTIVES, "    groups = rank_lists.group((r, f\"#{counts[r]} {s}\") for r, s in enumerate(seen))",
-        "    groups = [([r], f\"#{counts[r]} {s}\") for r, s in enumerate(seen)]",
+        CHECK, "    groups = rank_lists.group(listed)",
+        "    groups = [([r], s) for r, s in listed]",
         (f"{T_SCALE}::test_at_64_ranks_a_collective_mismatch_names_the_two_groups_not_64_lines",),
     ),
     Mutant(
@@ -1787,4 +1916,5 @@ MUTANTS = (
         "refddp/testing/torch_suites.py", "        rank_setup = (SWAP,)", "        rank_setup = ()",
         ("tests/unit/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
     ),
+    *ISSUE_48,
 )

@@ -1,0 +1,319 @@
+"""The fingerprint check: before a collective reaches torch, every rank of its group compares
+what it is about to run (``signatures.py``) with the others, and all raise ``CollectiveMismatch``
+naming each rank's call if they differ, instead of hanging or completing with wrong data.
+
+Where it is exchanged, so that it can never deadlock on its own and never changes the user's
+groups' sequences of collectives:
+
+- **A group of every rank** (the default group, however it is named; a ``new_group`` of every
+  rank; a backend object built directly with the world's size): one small all-reduce of a hash
+  on the pool's helper group (``MIN`` of (h, -h): equal only if every rank's is), an all-gather
+  of every rank's text only on a mismatch. all_to_all's split sizes must pair up across ranks,
+  which a hash cannot compare: one more all-reduce, of a world x world matrix of what each rank
+  sends and expects, up to ``PAIRING_LIMIT`` ranks (above it, pairing is not checked).
+- **A subgroup** (``new_group`` of some ranks): through the pool's store. Each member posts its
+  record under (group, k-th checked collective of that group, its group rank); the group's rank
+  0 compares them and posts the verdict every member reads. A member that never comes is seen in
+  the waiting ranks' own slot files: one blocked for ``CONFLICT_CONFIRM_S`` in another
+  collective that needs this rank (a different group, a receive from it) can never come, and
+  the waiting rank raises, naming both.
+- **A send and its receive**: the sender posts its tensor's element count and dtype under
+  (group, src, dst, tag, n-th such send) before sending; the receiver compares before a blocking
+  receive (the sender posts before it sends, so that wait is no longer than the receive's), and
+  at its ``Work.wait()`` for an ``irecv`` (at once if the sender has posted already).
+
+Not checked: a backend object smaller than the world (torch never registered its ranks), a
+receive from any source, ``monitored_barrier`` (it exists to name a missing rank), and two
+different groups over the same ranks (compared by their ranks, they look alike).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import time
+from typing import Any
+
+from refddp.testing import rank_lists, signatures
+from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
+
+PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)
+TEXT_BYTES = 1024  # of each rank's description, all-gathered on a mismatch
+CONFLICT_CONFIRM_S = 2.0  # a peer seen this long in a collective that needs us cannot come
+POLL_MAX_S = 0.02  # the longest pause between two looks at the store while waiting
+RECEIVE_WAIT = datetime.timedelta(hours=24)  # hangs are the driver's to report, not ours
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks issued different collectives at the same point on the same group."""
+
+
+_store: Any = None  # the pool's store, under our own prefix; None: only groups of every rank
+_workdir: str | None = None  # where the ranks' slot files are
+_task = 0
+_group_counts: dict[str, int] = {}
+_p2p_counts: dict[tuple, int] = {}
+
+
+def configure(store: Any, workdir: str | None) -> None:
+    """Check subgroups and point-to-point calls through ``store`` (the pool's); ``workdir``
+    holds the ranks' slot files."""
+    global _store, _workdir
+    import torch.distributed as dist
+
+    _store = dist.PrefixStore("refddp-check/", store) if store is not None else None
+    _workdir = workdir
+
+
+def replace_torchs_group_check() -> None:
+    """Leave the groups a test makes unwrapped, as the pool's own are: under
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps each new group in its ``ProcessGroupWrapper``,
+    which crashes DDP on gloo (a SIGSEGV in torch 2.13: DDP's logger casts the wrapper to
+    ProcessGroupGloo) and refuses calls torch allows (a broadcast of the same element count in
+    another shape, reduce_scatter parts of each rank's own size); this check covers every group
+    in its place. torch has no public switch for the wrapper alone (the debug level also turns on
+    DDP's, FSDP's and pipelining's DETAIL checks, which stay on), so its private factory is
+    replaced; on a torch without it, new groups are wrapped as before."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_create_process_group_wrapper"):
+        c10d._create_process_group_wrapper = lambda wrapped_pg, *args, **kwargs: wrapped_pg
+
+
+def new_task() -> None:
+    """Start numbering each group's collectives and each pair's sends afresh (every rank of a
+    pool runs every task, so each task's keys are the same on every rank)."""
+    global _task
+    _task += 1
+    _group_counts.clear()
+    _p2p_counts.clear()
+
+
+def _mismatch(listed: list[tuple[int, str]], why: str = "") -> CollectiveMismatch:
+    groups = rank_lists.group(listed)
+    text = "; ".join(
+        f"{rank_lists.who(ranks)} {'is' if len(ranks) == 1 else 'are'} running {what}"
+        for ranks, what in groups
+    )
+    return CollectiveMismatch(
+        f"Detected mismatch between collectives on ranks: {text}" + (f": {why}" if why else "")
+    )
+
+
+def _scope(group: Any, world_size: int) -> tuple[list[int] | None, int] | None:
+    """Where the check of a collective on ``group`` runs: (None, this rank's group rank) for a
+    group of every rank, (its global ranks, this rank's group rank) for a subgroup, None where
+    its ranks are unknown."""
+    ranks = signatures.group_ranks(group)
+    if ranks is None:
+        import torch.distributed as dist
+
+        return None, dist.get_rank()
+    if isinstance(ranks, str):  # built from a backend class: its ranks were never registered
+        return (None, group.rank()) if group.size() == world_size else None
+    import torch.distributed as dist
+
+    index = ranks.index(dist.get_rank())
+    return (None, index) if len(ranks) == world_size else (ranks, index)
+
+
+def check(checker: Any, name: str, call: dict[str, Any], display: str, count: int) -> None:
+    """Compare this collective with the other ranks' of its group; raise on a mismatch."""
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    scope = _scope(call.get("group"), world_size)
+    if scope is None:
+        return
+    members, index = scope
+    size = world_size if members is None else len(members)
+    fingerprint = signatures.fingerprint(name, call)
+    pairs = signatures.pairing(name, call, size)
+    if members is None:
+        _on_world(checker, fingerprint, display, count, pairs, index, call.get("group"))
+    elif _store is not None:
+        _on_subgroup(members, index, call.get("group"), fingerprint, display, count, pairs)
+
+
+Pairs = tuple[list[int], list[int]]
+
+
+def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: Pairs | None,
+              index: int, group: Any) -> None:  # fmt: skip
+    """One small all-reduce: a 56-bit hash of each rank's fingerprint as (min, -max)."""
+    import torch
+    import torch.distributed as dist
+
+    digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64)
+    dist.distributed_c10d.all_reduce(extremes, op=dist.ReduceOp.MIN, group=checker)
+    if extremes[0] != -extremes[1]:
+        _name_the_mismatch(checker, display, count)
+    world_size = dist.get_world_size(checker)
+    if pairs is not None and world_size <= PAIRING_LIMIT:
+        # Row i of each matrix is group rank i's: what it sends each rank, what it expects.
+        sizes = torch.zeros(2, world_size, world_size, dtype=torch.int64)
+        sizes[0, index], sizes[1, index] = torch.tensor(pairs[0]), torch.tensor(pairs[1])
+        dist.distributed_c10d.all_reduce(sizes, group=checker)
+        ranks = signatures.group_ranks(group)
+        ranks = ranks if isinstance(ranks, list) else list(range(world_size))
+        why = signatures.unpaired(sizes[0].tolist(), sizes[1].tolist(), ranks)
+        if why:
+            _name_the_mismatch(checker, display, count, why)
+
+
+def _name_the_mismatch(checker: Any, display: str, count: int, why: str = "") -> None:
+    """All-gather every rank's description and count, and raise naming each distinct one with
+    the ranks running it (an all-gather of every rank's text costs several times the hash's
+    all-reduce on many ranks: only on a mismatch)."""
+    import torch
+    import torch.distributed as dist
+
+    data = display.encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
+    mine = torch.frombuffer(bytearray(data + count.to_bytes(8, "little")), dtype=torch.uint8)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(checker))]
+    dist.distributed_c10d.all_gather(everyone, mine, group=checker)
+    raw = [bytes(t.tolist()) for t in everyone]
+    seen = [r[:TEXT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
+    counts = [int.from_bytes(r[TEXT_BYTES:], "little") for r in raw]
+    raise _mismatch([(r, f"#{counts[r]} {s}") for r, s in enumerate(seen)], why)
+
+
+def _group_key(group: Any) -> str:
+    """A subgroup's name, the same on every member (its ranks where torch has no name)."""
+    name = getattr(group, "group_name", None)
+    if name:
+        return str(name)
+    return ",".join(map(str, signatures.group_ranks(group) or ()))
+
+
+def _on_subgroup(members: list[int], index: int, group: Any, fingerprint: str, display: str,
+                 count: int, pairs: Pairs | None) -> None:  # fmt: skip
+    """Through the store: every member posts its record, the group's rank 0 compares them and
+    posts the verdict, every member raises on a mismatch."""
+    key = _group_key(group)
+    n = _group_counts[key] = _group_counts.get(key, 0) + 1
+    base = f"{_task}/{key}/{n}/"
+    _store.set(base + str(index), json.dumps([fingerprint, display, count, pairs]))
+    if index == 0:
+        posts = [base + str(i) for i in range(len(members))]
+        _wait_for(posts, members, display, count)
+        records = [json.loads(v) for v in _store.multi_get(posts)]
+        verdict = _verdict(records, members)
+        _store.set(base + "verdict", verdict)
+        if n > 1:  # every member read it: each posted this collective's record after
+            _store.delete_key(f"{_task}/{key}/{n - 1}/verdict")
+    else:
+        _wait_for([base + "verdict"], members, display, count)
+        verdict = _store.get(base + "verdict").decode()
+    _store.delete_key(base + str(index))  # (rank 0 has read it: the verdict is out)
+    if verdict:
+        raise CollectiveMismatch(verdict)
+
+
+def _verdict(records: list[list], members: list[int]) -> str:
+    """"" if the members' records agree (and all_to_all's sizes pair up), else the message."""
+    listed = [(members[i], f"#{r[2]} {r[1]}") for i, r in enumerate(records)]
+    if len({r[0] for r in records}) > 1:
+        return str(_mismatch(listed))
+    if records[0][3] is not None:
+        why = signatures.unpaired([r[3][0] for r in records], [r[3][1] for r in records], members)
+        if why:
+            return str(_mismatch(listed, why))
+    return ""
+
+
+def _wait_for(keys: list[str], members: list[int], display: str, count: int) -> None:
+    """Until every key is in the store. Meanwhile, look at the other members' slots: a member
+    blocked in another collective that needs this rank can never post (a certain hang), and
+    this rank raises naming both collectives."""
+    import torch.distributed as dist
+
+    me, pause, seen = dist.get_rank(), 0.0002, {}
+    while not _store.check(keys):
+        for member in members:
+            conflict = _conflict(member, me, members) if member != me else ""
+            if not conflict or seen.get(member, ("",))[0] != conflict:
+                seen[member] = (conflict, time.monotonic())
+            elif time.monotonic() - seen[member][1] >= CONFLICT_CONFIRM_S:
+                raise _mismatch([(me, f"#{count} {display}"), (member, conflict)])
+        time.sleep(pause)  # a store look is a round trip: back off, up to POLL_MAX_S
+        pause = min(pause * 2, POLL_MAX_S)
+
+
+def _conflict(member: int, me: int, members: list[int]) -> str:
+    """What ``member`` is blocked in, if that is a collective of another group than this one,
+    issued there and then (not an async one's wait: this rank may have issued it already),
+    that needs this rank; else ""."""
+    if _workdir is None:
+        return ""
+    slot = read_slot(slot_path_for(_workdir, member))
+    if not slot.inside or ASYNC_WAIT in slot.last:
+        return ""
+    needs_me = slot.on_world or (slot.members is not None and me in slot.members)
+    same_group = not slot.on_world and slot.members == frozenset(members)
+    return slot.last.split(" at ", 1)[0] if needs_me and not same_group else ""
+
+
+# -- point to point ----------------------------------------------------------------------------
+
+
+def _p2p_key(group: Any, src: int, dst: int, tag: int) -> str | None:
+    """The store key of the next message from ``src`` to ``dst`` (global ranks) with ``tag``
+    on ``group``; None where the group's ranks are unknown."""
+    ranks = signatures.group_ranks(group)
+    if isinstance(ranks, str):
+        return None
+    where = "world" if ranks is None else _group_key(group)
+    pair = (where, src, dst, tag)
+    n = _p2p_counts[pair] = _p2p_counts.get(pair, 0) + 1
+    return f"p2p/{_task}/{where}/{src}>{dst}/{tag}/{n}"
+
+
+def before_send(call: dict[str, Any], display: str, count: int) -> None:
+    """Post what this send carries, for its receiver to compare (before it is sent)."""
+    import torch.distributed as dist
+
+    dst = signatures.peer(call, "dst")
+    if _store is None or dst is None:
+        return
+    me = dist.get_rank()
+    key = _p2p_key(call.get("group"), me, dst, int(call.get("tag") or 0))
+    if key is not None:
+        _store.set(key, json.dumps([signatures.payload(call), display, count, me]))
+
+
+class Receive:
+    """A receive's comparison with its send: ``posted()`` says whether the sender has posted
+    yet; calling it waits for that post (the sender posts before it sends, so no longer than
+    the data takes), then raises on a mismatch."""
+
+    def __init__(self, key: str, call: dict[str, Any], display: str, count: int):
+        self.key, self.call, self.display, self.count = key, call, display, count
+
+    def posted(self) -> bool:
+        return bool(_store.check([self.key]))
+
+    def __call__(self) -> None:
+        import torch.distributed as dist
+
+        _store.wait([self.key], RECEIVE_WAIT)
+        sent, sent_display, sent_count, sender = json.loads(_store.get(self.key))
+        _store.delete_key(self.key)
+        if sent != signatures.payload(self.call):
+            mine = (dist.get_rank(), f"#{self.count} {self.display}")
+            raise _mismatch(sorted([(sender, f"#{sent_count} {sent_display}"), mine]))
+
+
+def receive_check(call: dict[str, Any], display: str, count: int) -> Receive | None:
+    """The comparison of this receive with its send, or None where it cannot be checked (no
+    store, a receive from any source, a group whose ranks are unknown)."""
+    import torch.distributed as dist
+
+    src = signatures.peer(call, "src")
+    if _store is None or src is None:
+        return None
+    key = _p2p_key(call.get("group"), src, dist.get_rank(), int(call.get("tag") or 0))
+    return Receive(key, call, display, count) if key is not None else None
