@@ -2,7 +2,7 @@
 
     python benchmarks/skip_costs.py [--repeats 200]
 
-1. ``BufferSnapshot.take`` (refddp/skipped_steps.py), made before every step: the copy of a
+1. ``BufferSnapshot.take`` (refddp/skips.py), made before every step: the copy of a
    model's floating buffers and counters, against the training step it precedes (forward,
    backward and AdamW step of one batch, one process), for models with and without
    BatchNorm. Medians of ``--repeats`` timings each.
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 from record import write  # noqa: E402
 
-from refddp.skipped_steps import BufferSnapshot  # noqa: E402
+from refddp.skips import BufferSnapshot  # noqa: E402
 
 
 def bn_mlp(width: int, depth: int) -> nn.Module:

@@ -148,7 +148,7 @@ class TrainConfig:
     epochs: int = _opt(5, "passes over the training data", resume=APPLIED, at_least=0)
     max_steps: int = _opt(
         0,
-        "stop after this many optimizer steps in total (0: no limit)",
+        "stop after this many training steps in total (skipped ones included) (0: no limit)",
         resume=APPLIED,
         at_least=0,
     )
@@ -178,7 +178,12 @@ class TrainConfig:
         ("cosine", "constant"),
         resume=APPLIED,
     )
-    warmup_steps: int = _opt(0, "linear warm-up steps", resume=APPLIED, at_least=0)
+    warmup_steps: int = _opt(
+        0,
+        "linear warm-up, in applied updates (a skipped step does not count)",
+        resume=APPLIED,
+        at_least=0,
+    )
     grad_clip: float = _opt(
         0.0, "clip the gradient norm to this (0: off)", resume=APPLIED, at_least=0
     )
@@ -241,20 +246,20 @@ class TrainConfig:
     )
     ckpt_every: int = _opt(
         0,
-        "optimizer steps between checkpoints (0: end of each epoch only)",
+        "training steps between checkpoints (0: end of each epoch only)",
         resume=APPLIED,
         at_least=0,
     )
     eval_every: int = _opt(
         0,
-        "optimizer steps between evaluations (0: end of each epoch only)",
+        "training steps between evaluations (0: end of each epoch only)",
         resume=APPLIED,
         at_least=0,
     )
     stop_after: int = _opt(
         0,
         "stop this invocation (checkpoint and exit) after this many "
-        "optimizer steps; the schedule is unaffected (0: off)",
+        "training steps; the schedule is unaffected (0: off)",
         resume=INVOCATION,
         at_least=0,
     )
@@ -303,7 +308,7 @@ class TrainConfig:
     )
     profile: str = _opt(
         "",
-        "START:END: a torch.profiler trace of optimizer steps START to END (inclusive) per "
+        "START:END: a torch.profiler trace of training steps START to END (inclusive) per "
         "rank in OUT/profile/rankN.json (Chrome/Perfetto), with shapes and memory; on CUDA "
         "also a memory snapshot (rankN_memory.pickle); empty: off",
         resume=INVOCATION,
@@ -573,7 +578,7 @@ def has_fused_kernel(c: TrainConfig) -> bool:
 
 
 def profile_window(spec: str) -> tuple[int, int]:
-    """``--profile START:END`` as (START, END): optimizer steps, 1 <= START <= END."""
+    """``--profile START:END`` as (START, END): training steps, 1 <= START <= END."""
     start, sep, end = spec.partition(":")
     try:
         window = (int(start), int(end)) if sep else None
@@ -581,7 +586,7 @@ def profile_window(spec: str) -> tuple[int, int]:
         window = None
     if window is None or not 1 <= window[0] <= window[1]:
         raise ConfigError(
-            f"profile: expected START:END, optimizer steps with 1 <= START <= END (say 5:8), "
+            f"profile: expected START:END, training steps with 1 <= START <= END (say 5:8), "
             f"got {spec!r}"
         )
     return window

@@ -68,7 +68,7 @@ class Parallel:
                 "would let each rank's GradScaler back off alone on its own gradients; use "
                 "--amp bf16 or off"
             )
-        # DDP all-reduces the first backward's gradients in buckets laid out in parameter
+        # DDP all-reduces the first backward's gradients in buckets laid out in reverse parameter
         # order, every later one's in the order the first backward's gradients became ready.
         # A sum over 3+ ranks depends on where an element lies in the buffer (gloo's and
         # NCCL's rings start each chunk's sum at another rank), so a resumed run's first step,
@@ -171,7 +171,8 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+               nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d)  # fmt: skip
 
 
 class FullyShardedParallel(Parallel):

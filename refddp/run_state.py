@@ -60,7 +60,7 @@ class Position:
     """Where training is; saved in every checkpoint so resume continues exactly here."""
 
     step: int = 0  # training steps done (global batches consumed); the epoch derives from it
-    skipped_steps: int = 0  # of them, skipped as non-finite (no update): refddp/skipped_steps.py
+    skipped_steps: int = 0  # of them, skipped as non-finite (no update): refddp/skips.py
     skipped_in_a_row: int = 0  # the last ones skipped, up to ``step`` (0: the last was applied)
     best_val_loss: float = math.inf
     metrics: dict[str, Any] = field(default_factory=dict)

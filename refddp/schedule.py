@@ -2,7 +2,7 @@
 warm-up, then cosine to zero or constant, through torch's own ``LambdaLR``.
 
 The schedule counts updates applied, not steps: a step skipped as non-finite leaves it where it
-was (``refddp/skipped_steps.py``), as Megatron-LM's and Hugging Face's trainers do. A resumed
+was (``refddp/skips.py``), as Megatron-LM's and Hugging Face's trainers do. A resumed
 run takes its rate from the checkpoint's update count and this invocation's ``lr``,
 ``lr_schedule`` and ``warmup_steps`` (all applied on resume): the scheduler is rebuilt there
 rather than loaded, so a changed ``lr`` takes effect. The checkpoint's

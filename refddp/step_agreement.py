@@ -14,7 +14,7 @@ micro-batches are fetched, so it is in flight while the first forward runs:
   late, since the loss is only known after the forward, when the all-reduce is long under way).
 
 Whether a step is applied is decided without this all-reduce: from the gradient's norm after
-DDP's all-reduce, the same on every rank (``refddp/skipped_steps.py``).
+DDP's all-reduce, the same on every rank (``refddp/skips.py``).
 
 Before anything a step leaves behind (an evaluation, a checkpoint, the end) the trainer calls
 ``send(0, ...)`` once more and reads at once (``Trainer.settle``): the last step's loss and a
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 class NonFiniteStep(RuntimeError):
     """A run ended by non-finite steps (``on_nonfinite=stop``, ``max_consecutive_skips``, amp
-    fp16's ``min_loss_scale``: ``refddp/skipped_steps.py``), raised on every rank alike.
+    fp16's ``min_loss_scale``: ``refddp/skips.py``), raised on every rank alike.
 
     ``recorded``: the rank handed the message to refddp's launcher, which prints it once with
     the ranks that stopped (a rank tearing down may be ended by the agent before it can print).

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from refddp import checkpoint as ckpt
-from refddp import checkpoint_formats, run_state, skipped_steps, trackers
+from refddp import checkpoint_formats, run_state, skips, trackers
 from refddp.config import (
     ConfigError,
     TrainConfig,
@@ -41,7 +41,7 @@ from refddp.objectives.batches import to_device
 from refddp.parallel import build_parallel
 from refddp.profiler import StepProfiler
 from refddp.schedule import Schedule
-from refddp.skipped_steps import BufferSnapshot, spread_nonfinite
+from refddp.skips import BufferSnapshot, spread_nonfinite
 from refddp.step_agreement import (
     LateLoss,
     NonFiniteStep,
@@ -70,11 +70,9 @@ def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> to
 def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
     """Whether the optimizer is built fused: on CUDA, one kernel a step instead of a few per
     parameter group (the CPU keeps torch's default). Not SGD under FSDP (torch has no fused
-    SGD for sharded parameters) nor under amp fp16: when GradScaler stepped the optimizer it
-    handed a fused one its overflow check, and a fused SGD's overflowing first step created
-    the momentum buffer uninitialised. The trainer now steps the optimizer itself, on finite
-    gradients only, so that reason is gone; the exception stays until a GPU shows fused SGD
-    under fp16 right (none was lent since)."""
+    SGD for sharded parameters), nor under amp fp16, where a fused SGD once created its
+    momentum buffer uninitialised on an overflowing first step; kept unfused until a GPU
+    shows it right (docs/known-limitations.md)."""
     skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
     return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely
 
@@ -176,7 +174,7 @@ class Trainer:
         self.trackers = rank0_then_meet(lambda: Trackers.open(list_items(c.log_to), run))
         self.trackers = self.trackers or Trackers()
         # Every rank alike (the step's agreement carries a logged step's loss): the per-step
-        # loss goes to any tracker named besides history.jsonl, which takes evaluations only.
+        # loss goes to any tracker named besides history.jsonl, which takes evaluations and skips.
         logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
         self.late_loss = LateLoss(self.trackers, c.log_every if logs_steps else 0)
         self.stragglers = StragglerWatch(ranks_per_node(ctx.world_size))  # a slow node named
@@ -346,7 +344,7 @@ class Trainer:
                     loss = self.micro_loss(self.forward, self.on_device(batch))
                 # world size / the global count (waited for here): the gradient is then the
                 # global batch's mean; NaN where this rank's loss is non-finite, which the
-                # gradient reduction carries to every rank (refddp/skipped_steps.py).
+                # gradient reduction carries to every rank (refddp/skips.py).
                 scale = spread_nonfinite(self.loss_scale(loss.total.dtype), loss.total)
                 with window.computing(not (last and self.several)):  # not the wait for others
                     self.scaler.scale(loss.total * scale).backward()
@@ -385,10 +383,12 @@ class Trainer:
         the random streams it drew from (dropout) are as they were."""
         started = time.perf_counter()
         self.before_step.take()
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        on_host = self.device.type == "cpu"  # (the CPU's stream is forked always)
+        with torch.random.fork_rng(devices=[] if on_host else [self.device],
+                                   device_type="cuda" if on_host else self.device.type):
             loss = self.micro_loss(self.forward, self.on_device(batch))
             (loss.total * 0).backward()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # (parameters outside the optimizer too)
         self.before_step.restore()
         self.bucket_layout_pending = False
         self.window.exclude(started)  # a start cost, not training
@@ -439,22 +439,17 @@ class Trainer:
     def skip_step(self, step: int, step_loss: torch.Tensor, norm: float) -> None:
         """Step ``step`` is not applied (every rank is here alike): the buffers its forward
         changed are put back, GradScaler backs off for an overflow, the skip is counted and
-        recorded, and the run ends if it trains nothing (refddp/skipped_steps.py). Only the
+        recorded, and the run ends if it trains nothing (refddp/skips.py). Only the
         data position has advanced."""
         bad = ranks_with_nonfinite_loss(step_loss, self.several)  # a collective: every rank
         self.before_step.restore()
-        overflow = None
-        if self.scaling:
-            before = self.scaler.get_scale()
-            self.scaler.update(before if bad else None)  # a non-finite loss is no overflow
-            if not bad:
-                overflow = (before, self.scaler.get_scale())
+        overflow = skips.end_scaler_iteration(self.scaler, bool(bad)) if self.scaling else None
         pos = self.pos
         pos.skipped_steps += 1
         pos.skipped_in_a_row += 1
-        why = skipped_steps.cause(bad, self.ctx.world_size, norm, overflow)
+        why = skips.cause(bad, self.ctx.world_size, norm, overflow)
         self.trackers.skipped(step, why, pos.skipped_steps)
-        ends = skipped_steps.run_ends(self.c, pos.skipped_in_a_row, overflow)
+        ends = skips.run_ends(self.c, pos.skipped_in_a_row, overflow)
         if ends:
             said = f"step {step}: {why}; stopping every rank ({ends})"
             recorded = record_error(said, AGREED_STOP)

@@ -35,7 +35,9 @@ def local(value: torch.Tensor) -> torch.Tensor:
 
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """What a skipped step must leave as it was, on this rank: the model's parameters and
-    buffers, the optimizer's state, the learning rates, the schedule and the update count."""
+    buffers, the optimizer's state, the learning rates, the schedule, the update count and,
+    under amp fp16, GradScaler's scale and growth count (which only an overflow's backoff may
+    lower)."""
     optimizer = trainer.optimizer
     state = {f"model.{k}": local(v) for k, v in trainer.model.state_dict().items()}
     for index, param in enumerate(p for g in optimizer.param_groups for p in g["params"]):
@@ -44,6 +46,8 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     state["lr"] = [g["lr"] for g in optimizer.param_groups]
     state["schedule"] = trainer.schedule.scheduler.last_epoch
     state["updates"] = trainer.pos.updates
+    if trainer.scaling:
+        state["scaler"] = trainer.scaler.state_dict()
     return state
 
 
@@ -75,7 +79,10 @@ def fit_checking_skipped_steps(out: str, **overrides) -> dict:
         signum = train_step(batches)
         if trainer.pos.skipped_steps > skipped:
             checked.append(trainer.pos.step)
-            found = differences(before, trainer_state(trainer))
+            after = trainer_state(trainer)
+            found = differences(before, after)
+            if "scaler" in found and after["scaler"]["scale"] < before["scaler"]["scale"]:
+                found.remove("scaler")  # an fp16 overflow: GradScaler backs off, as it should
             if found:
                 changed[trainer.pos.step] = found
         return signum

@@ -79,15 +79,16 @@ _installed = False
 _slot: Slot | None = None
 _recorders: list[list[str]] = []
 _count = 0  # collectives entered in the current task (the "#N" of every report)
-_failed: tuple[BaseException, str] | None = None  # the last exception out of a collective, where
+# The last exception out of a collective, and which collective it came out of ("#N signature").
+_failed: tuple[BaseException, str] | None = None
 _checker: Any = None  # the helper process group fingerprints are exchanged on; None: unchecked
 _signatures: dict[str, inspect.Signature] = {}
 _nesting = threading.local()  # .depth: traced calls this thread is inside
 # An async collective's Work -> (members, "#N signature") until its wait() (a weak key: a Work
-# dropped without waiting leaves nothing behind); an irecv's Work -> the comparison with its
-# send, run before waiting for the data.
+# dropped without waiting leaves nothing behind); an irecv's Work -> the comparisons with their
+# sends (a coalesced batch's one Work: each receive's), run before waiting for the data.
 _in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-_receives: weakref.WeakKeyDictionary[Any, Callable[[], None]] = weakref.WeakKeyDictionary()
+_receives: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
 _original_wait: Any = None
 
 
@@ -111,6 +112,22 @@ def _members(name: str, call: dict[str, Any]) -> str:
     return ",".join(map(str, ranks))
 
 
+# Collectives whose root may be left out (None on torch >= 2.6, 0 before): global rank 0.
+_ROOT_DEFAULTS = {"gather": "dst", "gather_object": "dst", "scatter": "src",
+                  "scatter_object_list": "src", "broadcast_object_list": "src"}  # fmt: skip
+
+
+def _outside(call: dict[str, Any]) -> bool:
+    """Whether this rank is outside the call's group (``new_group`` gave it
+    ``GroupMember.NON_GROUP_MEMBER``): torch then only warns and returns."""
+    import torch.distributed as dist
+
+    group = call.get("group")
+    return group is not None and not hasattr(group, "rank") and (
+        group == dist.GroupMember.NON_GROUP_MEMBER
+    )
+
+
 def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments by parameter name, defaults filled in: `all_reduce(t)` and
     `all_reduce(t, op=SUM)` bind to the same values."""
@@ -122,7 +139,11 @@ def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     except TypeError:  # let torch raise its own error for a bad call
         return dict(kwargs)
     bound.apply_defaults()
-    return dict(bound.arguments)
+    call = dict(bound.arguments)
+    plain = _ROOT_DEFAULTS.get(name)
+    if plain and call.get(plain) is None and call.get(f"group_{plain}") is None:
+        call[plain] = 0  # what torch takes for a root left out: global rank 0
+    return call
 
 
 def reset_count() -> None:
@@ -191,7 +212,7 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
             fingerprint_check.check(_checker, name, call, signature, _count)
         elif _checker is not None and name in _POINT_TO_POINT:
             receives = _pair_up(name, call, signature)
-        if fault is not None:  # every rank has entered this collective (checked above)
+        if fault is not None:  # (a checked collective: every rank of its group is here)
             where = f"collective #{_count} {signature}"
             return faults.fire(fault, where, run)
         result = run()
@@ -203,8 +224,8 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
                     _in_flight[work] = (members, label)
         for index, compare in receives:  # an irecv's: at its wait (its sender posts later)
             work = works[min(index, len(works) - 1)] if works else None
-            if work is not None:
-                _receives[work] = compare
+            if work is not None:  # (a coalesced batch, NCCL's, returns one Work for all)
+                _receives.setdefault(work, []).append(compare)
         return result
     except BaseException as exc:
         _failed = (exc, f"#{_count} {signature}")
@@ -243,6 +264,8 @@ def _pair_up(name: str, call: dict[str, Any], signature: str) -> list[tuple[int,
 def _wrap(name: str, fn: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
         call = _bind(name, fn, args, kwargs)
+        if _outside(call):  # no collective at all for this rank: not counted, not checked
+            return fn(*args, **kwargs)
         if name == "batch_isend_irecv" and isinstance(call.get("p2p_op_list"), list):
             return _enter(name, call, lambda: fn(_with_torchs_own_ops(call["p2p_op_list"])))
         return _enter(name, call, lambda: fn(*args, **kwargs))
@@ -293,15 +316,15 @@ def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's s
     that never joins it is reported as fast as for a blocking call; an irecv's comparison with
     its send runs first."""
     global _failed
-    compare = _receives.pop(work, None) if _receives else None
+    compares = _receives.pop(work, ()) if _receives else ()
     entry = _in_flight.get(work) if _slot is not None else None
-    if entry is None and compare is None:
+    if entry is None and not compares:
         return _original_wait(work, *args, **kwargs)
     members, label = entry or ("?", "")
     if _slot is not None:
         _slot.write(STATE_INSIDE, f"{label} at {_call_site(2)}", _count, members)
     try:
-        if compare is not None:
+        for compare in compares:
             compare()
         done = _original_wait(work, *args, **kwargs)
     except BaseException as exc:

@@ -2,8 +2,10 @@
 what it is about to run (``signatures.py``) with the others, and all raise ``CollectiveMismatch``
 naming each rank's call if they differ, instead of hanging or completing with wrong data.
 
-Where it is exchanged, so that it can never deadlock on its own and never changes the user's
-groups' sequences of collectives:
+Where it is exchanged, so that it never changes the user's groups' sequences of collectives
+(the check is blocking, also before an ``async_op=True`` call: a program that overlaps an async
+collective with a point-to-point exchange the other ranks make first can hang under the check
+where torch completes it; docs/known-limitations.md):
 
 - **A group of every rank** (the default group, however it is named; a ``new_group`` of every
   rank; a backend object built directly with the world's size): one small all-reduce of a hash
@@ -23,7 +25,8 @@ groups' sequences of collectives:
   at its ``Work.wait()`` for an ``irecv`` (at once if the sender has posted already).
 
 Not checked: a backend object smaller than the world (torch never registered its ranks), a
-receive from any source, ``monitored_barrier`` (it exists to name a missing rank), and two
+receive from any source (and a later receive from that sender may then be compared with the
+message before its own), ``monitored_barrier`` (it exists to name a missing rank), and two
 different groups over the same ranks (compared by their ranks, they look alike).
 """
 

@@ -70,9 +70,8 @@ def _sum() -> Any:
 
 def _allreduce(pg: Any, args: tuple, kwargs: dict) -> Parsed:
     second = _arg(args, kwargs, 1, "opts", "op")
-    op = _options(second, "reduceOp") if _options(second, "reduceOp") is not None else second
     return "all_reduce", {"tensor": _one(_arg(args, kwargs, 0, "tensors", "tensor")),
-                          "op": _first(op, _sum())}  # fmt: skip
+                          "op": _first(_options(second, "reduceOp"), second, _sum())}  # fmt: skip
 
 
 def _broadcast(pg: Any, args: tuple, kwargs: dict) -> Parsed:

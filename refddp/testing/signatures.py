@@ -52,7 +52,6 @@ ALIASES = {
     "all_gather_single": "all_gather_into_tensor",
     "reduce_scatter_single": "reduce_scatter_tensor",
 }
-PAIRED = ("all_to_all", "all_to_all_single")
 _ROOT_ARGS = (("src", "group_src"), ("dst", "group_dst"))
 
 

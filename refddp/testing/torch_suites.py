@@ -16,7 +16,6 @@ import): this is why it is an option, for the sessions that run such suites.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from refddp.testing.unittest_case import DistributedTestCase
@@ -84,9 +83,3 @@ def __getattr__(name: str) -> Any:
     if name == "PooledTestCase":
         return pooled_test_case()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def swapped() -> bool:
-    """Whether this process put ``PooledTestCase`` in place (PyTorch's helpers imported)."""
-    module = sys.modules.get("torch.testing._internal.common_distributed")
-    return module is not None and module.MultiProcessTestCase is _pooled

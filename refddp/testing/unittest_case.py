@@ -144,13 +144,18 @@ def run_case(case_class: type, method: str, file_name: str) -> None:
 
     pool = _PoolGroup()
     dist.init_process_group, dist.destroy_process_group = pool.init, pool.destroy
+    outcome = _Outcome()
     try:
-        outcome = _Outcome()
         case = case_class(method)
         case._file_name = file_name
         case.run(outcome)
     finally:
-        pool.restore()
+        try:
+            pool.restore()
+        except BaseException as rejoin:  # the test's own failure first, the rejoin's beside it
+            if outcome.raised is None:
+                raise
+            raise outcome.raised from rejoin  # (both in the report)
     if outcome.raised is not None:
         raise outcome.raised  # the assertion itself, with its traceback, for the report
     if outcome.skipped:

@@ -9,7 +9,7 @@ fan-out on every rank; on the others it holds no tracker). What a tracker receiv
 - ``record(record)``: one evaluation's history record (validation metrics, the window's mean
   training loss, throughput, data wait, memory, stragglers, skipped steps so far), as
   ``history.jsonl`` holds it.
-- ``skipped(step, cause, total)``: a step skipped as non-finite (``refddp/skipped_steps.py``),
+- ``skipped(step, cause, total)``: a step skipped as non-finite (``refddp/skips.py``),
   why, and the run's count so far: ``history.jsonl`` writes a line for it, the others log the
   count as ``train/skipped_steps``.
 - ``flush()`` before every checkpoint is written: what a killed run logged up to its last

@@ -74,6 +74,7 @@ def test_a_rank_ignoring_the_stack_signal_is_reported_saying_why(spawn):
     started = time.monotonic()
     with pytest.raises(RankTimeout) as info:
         spawn(blocked_ignoring_the_stack_signal, timeout=DEADLINE)
+    assert set(info.value.failures) == {0, 1}
     for text in info.value.failures.values():
         assert f"(no stack: it ignores signal {int(STACK_SIGNAL)}, the harness's stack request" in text
     assert time.monotonic() - started < DEADLINE + 30, "the report does not wait for long"

@@ -74,7 +74,7 @@ T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
 SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
 BATCHES = "refddp/objectives/batches.py"
 IMAGE_FOLDER = "refddp/image_folder.py"
-SKIPPED, T_SKIPPED_STEPS = "refddp/skipped_steps.py", "tests/multiproc/test_skipped_steps.py"
+SKIPPED, T_SKIPPED_STEPS = "refddp/skips.py", "tests/multiproc/test_skipped_steps.py"
 PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/multiproc/test_hang_stacks.py"
 UNITTEST = "refddp/testing/unittest_case.py"
 
@@ -93,8 +93,19 @@ def lint_case(name: str) -> str:
 
 # The collective check over the space of calls (issue 48), and group methods traced.
 CHECK_SPACE = "the collective check over the space of calls"
+T_SPACE = "tests/multiproc/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
 ISSUE_48 = [
+    Mutant(
+        "left-out-root-unlike-rank-0", CHECK_SPACE, COLLECTIVES,
+        "        call[plain] = 0  # what torch takes for a root left out", "        pass",
+        (f"{T_SPACE}::test_a_root_left_out_is_global_rank_0_and_a_rank_outside_a_group_is_left_alone",),
+    ),
+    Mutant(
+        "rank-outside-the-group-checked", CHECK_SPACE, COLLECTIVES,
+        "        if _outside(call):  # no collective at all", "        if False:",
+        (f"{T_SPACE}::test_a_root_left_out_is_global_rank_0_and_a_rank_outside_a_group_is_left_alone",),
+    ),
     Mutant(
         "list-entries-compared-without-dtypes", CHECK_SPACE, SIGNATURES,
         '        return shape_text(value) or f"[{len(value)}]"',
@@ -1253,9 +1264,10 @@ MUTANTS = (
         (f"{T_KERNELS}::test_a_run_resumes_with_this_invocations_optimizer_kernels[ddp-full]",),
     ),
     Mutant(
-        "fp16-nonfinite-loss-lowers-the-scale", "a non-finite loss is no fp16 overflow", TRAINER,
-        "self.scaler.update(before if bad else None)", "self.scaler.update()",
-        (f"{T_NONFINITE}::test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale",),
+        "fp16-nonfinite-loss-lowers-the-scale", "a non-finite loss is no fp16 overflow", SKIPPED,
+        "    if not bad_loss and after < kept[\"scale\"]:", "    if after < kept[\"scale\"]:",
+        (f"{T_NONFINITE}::test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale",
+         "tests/unit/test_skips.py::test_grad_scaler_backs_off_for_an_overflow_only"),
     ),
     Mutant(
         "agreement-blocks-the-forward", "the agreement overlaps the forward", AGREEMENT,
@@ -1768,7 +1780,8 @@ MUTANTS = (
     ),
     Mutant(
         "buffer-snapshot-skips-counters", "a skipped step leaves no trace", SKIPPED,
-        "if b.is_floating_point() or b.numel() == 1]", "if b.is_floating_point()]",
+        "            if not (buffer.is_floating_point() or buffer.numel() == 1):",
+        "            if not buffer.is_floating_point():",
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
     ),
     Mutant(
@@ -1840,9 +1853,22 @@ MUTANTS = (
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
     ),
     Mutant(
+        "buffer-snapshot-keeps-the-first-tensor", "a skipped step leaves no trace", SKIPPED,
+        "            buffer = getattr(module, name)\n            if buffer is None",
+        "            buffer = self.__dict__.setdefault(f\"{id(module)}{name}\", getattr(module, name))\n"
+        "            if buffer is None",
+        ("tests/unit/test_skips.py::test_a_snapshot_puts_back_buffers_updated_in_place_and_assigned_anew",),
+    ),
+    Mutant(
+        "fp16-norm-overflow-taken-for-backoff", "a non-finite loss is no fp16 overflow", SKIPPED,
+        "    scaler.load_state_dict(kept)\n    return None", "    return None",
+        ("tests/unit/test_skips.py::test_finite_gradients_whose_norm_overflowed_change_nothing",),
+    ),
+    Mutant(
         "bucket-settle-draws-dropout-masks", "bit-exact resume at any world size", TRAINER,
-        'with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):',
-        "with contextlib.nullcontext():",
+        "        with torch.random.fork_rng(devices=[] if on_host else [self.device],\n"
+        "                                   device_type=\"cuda\" if on_host else self.device.type):",
+        "        with contextlib.nullcontext():",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
     ),
     Mutant(

@@ -43,7 +43,7 @@ def test_a_bad_profile_window_names_the_field_and_what_is_valid(spec):
     with pytest.raises(ConfigError) as info:
         merge({"profile": spec}, {})
     assert str(info.value) == (
-        f"profile: expected START:END, optimizer steps with 1 <= START <= END (say 5:8), "
+        f"profile: expected START:END, training steps with 1 <= START <= END (say 5:8), "
         f"got {spec!r}"
     )
     assert merge({"profile": "4:4"}, {}).profile == "4:4"

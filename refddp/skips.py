@@ -14,6 +14,8 @@ skipped step must not leave behind:
   before anyone knew its gradient). Parameters, the optimizer state and the schedule change
   only in an update, which a skipped step never makes. What does advance: the data position
   (the step's batches are consumed) and the random streams (dropout's draws).
+- ``end_scaler_iteration``: under amp fp16, GradScaler backs off for an overflow, and for
+  nothing else.
 - ``cause`` and ``run_ends``: why a step was skipped, and whether the run must end: a run
   that keeps skipping trains nothing and must not exit 0 (``max_consecutive_skips``; under
   amp fp16, a loss scale that would fall below ``min_loss_scale``; ``on_nonfinite=stop``).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from refddp.config import TrainConfig
 
@@ -46,22 +49,54 @@ class BufferSnapshot:
     any statistic a model registers) and every one-element buffer (counters such as
     BatchNorm's ``num_batches_tracked``). Larger integer and boolean buffers (attention
     masks, position ids) are constants no forward changes; copying them every step would cost
-    the step (GPT-2's causal masks are megabytes). The copies are made once, then refilled in
-    place each step.
+    the step (GPT-2's causal masks are megabytes). Each buffer is looked up by name at every
+    ``take`` and ``restore``, so a forward that assigns a new tensor to it (``self.ema = 0.9 *
+    self.ema + ...``) is put back too; the copies are made once, then refilled in place.
+    Buffers are those the model registered when the snapshot was made.
     """
 
     def __init__(self, model: nn.Module):
-        self.buffers = [b for b in model.buffers()
-                        if b.is_floating_point() or b.numel() == 1]  # fmt: skip
-        self.saved = [torch.empty_like(b) for b in self.buffers]
+        self.owners = [(module, name) for module in model.modules()
+                       for name, _ in module.named_buffers(recurse=False)]  # fmt: skip
+        self.saved: dict[tuple[int, str], torch.Tensor] = {}
 
     def take(self) -> None:
-        for saved, buffer in zip(self.saved, self.buffers, strict=True):
+        for module, name in self.owners:
+            buffer = getattr(module, name)
+            if buffer is None or is_lazy(buffer):
+                continue
+            if not (buffer.is_floating_point() or buffer.numel() == 1):
+                continue
+            key = (id(module), name)
+            saved = self.saved.get(key)
+            if saved is None or (saved.shape, saved.dtype, saved.device) != (
+                buffer.shape, buffer.dtype, buffer.device
+            ):
+                saved = self.saved[key] = torch.empty_like(buffer)
             saved.copy_(buffer)
 
     def restore(self) -> None:
-        for saved, buffer in zip(self.saved, self.buffers, strict=True):
-            buffer.copy_(saved)
+        for module, name in self.owners:
+            saved = self.saved.get((id(module), name))
+            if saved is not None:
+                getattr(module, name).copy_(saved)
+
+
+def end_scaler_iteration(scaler: torch.amp.GradScaler, bad_loss: bool
+                         ) -> tuple[float, float] | None:  # fmt: skip
+    """End GradScaler's iteration for a skipped step (its next ``unscale_`` needs an
+    ``update``). Where its own check of the unscaled gradient saw an inf or NaN behind finite
+    losses, that is an fp16 overflow: it backs off, and the scale before and after come back.
+    Otherwise nothing changes, neither the scale nor its growth count: a non-finite loss
+    (``bad_loss``) is no overflow, nor are finite gradients whose norm overflowed float32 (a
+    smaller scale would not help either)."""
+    kept = scaler.state_dict()  # the scale and its growth count before the step
+    scaler.update()
+    after = scaler.get_scale()
+    if not bad_loss and after < kept["scale"]:
+        return kept["scale"], after
+    scaler.load_state_dict(kept)
+    return None
 
 
 def cause(bad_ranks: int, world_size: int, norm: float, overflow: tuple[float, float] | None
