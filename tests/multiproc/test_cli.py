@@ -19,7 +19,8 @@ def assert_same_weights(a, b, rtol=0.0, atol=0.0):
         torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol, msg=key)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+# (2 ranks, ~30 s on 2 cores: in make test-all)
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_train_eval_predict_end_to_end(run_cli, tiny, nproc):
     train = run_cli("--nproc", nproc, **tiny)
     expected_steps = 24 if nproc == 1 else 12  # 96 samples, 8 per rank, 2 epochs
