@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import warnings
@@ -416,7 +417,11 @@ def assert_in_step(ranks: list[dict]) -> None:
     """Every rank issued the same collectives, as many, and ended at the same step."""
     first = ranks[0]
     for rank, found in enumerate(ranks[1:], start=1):
-        assert found["log"] == first["log"], f"rank {rank}'s collectives differ from rank 0's"
+        assert found["log"] == first["log"], (
+            f"rank {rank}'s collectives differ from rank 0's:\n"
+            + "\n".join(difflib.unified_diff(first["log"], found["log"], "rank 0", f"rank {rank}",
+                                              lineterm="", n=1))  # fmt: skip
+        )
         assert found["sequence"] == first["sequence"], "DDP's own all-reduces differ"
         assert (found["step"], found["stopped_by"], found["skipped"]) == (
             first["step"], first["stopped_by"], first["skipped"]

@@ -66,6 +66,15 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return changed
 
 
+def left_behind(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What a skipped step changed in ``trainer_state`` but GradScaler's backoff for an fp16
+    overflow (a lower scale), which it must make."""
+    found = differences(before, after)
+    if "scaler" in found and after["scaler"]["scale"] < before["scaler"]["scale"]:
+        found.remove("scaler")
+    return found
+
+
 def fit_checking_skipped_steps(out: str, **overrides) -> dict:
     """``fit``, comparing this rank's ``trainer_state`` before and after every step it skips:
     the steps checked and what each changed (nothing, if a skipped step leaves no trace)."""
@@ -79,10 +88,7 @@ def fit_checking_skipped_steps(out: str, **overrides) -> dict:
         signum = train_step(batches)
         if trainer.pos.skipped_steps > skipped:
             checked.append(trainer.pos.step)
-            after = trainer_state(trainer)
-            found = differences(before, after)
-            if "scaler" in found and after["scaler"]["scale"] < before["scaler"]["scale"]:
-                found.remove("scaler")  # an fp16 overflow: GradScaler backs off, as it should
+            found = left_behind(before, trainer_state(trainer))
             if found:
                 changed[trainer.pos.step] = found
         return signum
@@ -220,7 +226,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
             signum = train_step(batches)
             if trainer.pos.skipped_steps > count:
                 skipped.append(trainer.pos.step)
-                found = differences(before, trainer_state(trainer))
+                found = left_behind(before, trainer_state(trainer))
                 if found:
                     changed[trainer.pos.step] = found
             if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):

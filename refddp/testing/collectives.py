@@ -196,8 +196,10 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
     _count += 1
     fault = faults.due_at_collective(_count) if faults._armed else None
     signature = signatures.describe(name, call)
-    for log in _recorders:
-        log.append(signature)
+    if _recorders:
+        alike = signatures.describe(name, call, alike=True)
+        for log in _recorders:
+            log.append(alike)
     members = _members(name, call)
     async_op = name in _NONBLOCKING or bool(call.get("async_op"))
     if _slot is not None:
@@ -361,7 +363,8 @@ def install(slot_path: str | None = None) -> None:
 @contextlib.contextmanager
 def record_collectives() -> Iterator[list[str]]:
     """Collect the signature of every collective issued inside: name, shapes and dtypes, and
-    with defaults filled in the reduce op, the src/dst root and the group when not the world."""
+    with defaults filled in the reduce op, the src/dst root and the group when not the world;
+    not what only a root passes (a scatter's list), so a correct program's ranks log alike."""
     install()
     log: list[str] = []
     _recorders.append(log)

@@ -159,9 +159,16 @@ def _common(call: dict[str, Any]) -> list[str]:
     return parts
 
 
-def describe(name: str, call: dict[str, Any]) -> str:
-    """``all_reduce((4,):float32, SUM)``, ``broadcast((4,):float32, src=1, group=[0, 2])``."""
-    parts = [s for s in map(shape_text, call.values()) if s is not None]
+# What only a rooted collective's root passes (the other ranks pass None).
+ROOT_ONLY = ("gather_list", "scatter_list", "object_gather_list", "scatter_object_input_list")
+
+
+def describe(name: str, call: dict[str, Any], alike: bool = False) -> str:
+    """``all_reduce((4,):float32, SUM)``, ``broadcast((4,):float32, src=1, group=[0, 2])``.
+    ``alike``: without what only the root passes, so that every rank of a correct program
+    describes a collective in the same words (``record_collectives``)."""
+    parts = [text for key, value in call.items() if not (alike and key in ROOT_ONLY)
+             for text in (shape_text(value),) if text is not None]  # fmt: skip
     if canonical_name(name) == "all_to_all_single":
         for key in ("output_split_sizes", "input_split_sizes"):
             if call.get(key):

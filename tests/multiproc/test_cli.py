@@ -88,6 +88,7 @@ def test_world_size_and_accumulation_split_give_the_same_weights(run_cli, tiny):
     assert_same_weights(two_by_two, one, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow  # two whole CLI jobs: ~25 s
 def test_invariance_check_detects_a_different_global_batch(run_cli, tiny):
     one = run_cli("--nproc", 1, out="one", **{**tiny, "global_batch_size": 8}).weights()
     other = run_cli("--nproc", 2, out="two", **tiny).weights()  # batch 8 per rank: global 16

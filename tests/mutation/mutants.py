@@ -102,6 +102,12 @@ ISSUE_48 = [
         (f"{T_SPACE}::test_a_root_left_out_is_global_rank_0_and_a_rank_outside_a_group_is_left_alone",),
     ),
     Mutant(
+        "root-lists-recorded", CHECK_SPACE, COLLECTIVES,
+        "        alike = signatures.describe(name, call, alike=True)",
+        "        alike = signatures.describe(name, call)",
+        ("tests/multiproc/test_step_scenarios.py::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace",),
+    ),
+    Mutant(
         "rank-outside-the-group-checked", CHECK_SPACE, COLLECTIVES,
         "        if _outside(call):  # no collective at all", "        if False:",
         (f"{T_SPACE}::test_a_root_left_out_is_global_rank_0_and_a_rank_outside_a_group_is_left_alone",),

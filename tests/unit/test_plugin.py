@@ -119,6 +119,7 @@ def test_marker_selection_picks_spawn_tests_and_strict_markers_pass(pytester):
     assert "test_plain" not in out
 
 
+@pytest.mark.slow  # a project suite run twice: ~26 s (compat runs it)
 def test_no_dist_debug_option_turns_fingerprinting_off(pytester):
     pytester.makepyfile(
         test_env="""

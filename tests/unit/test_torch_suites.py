@@ -141,6 +141,7 @@ if __name__ == "__main__":
 
 
 @needs_fsdp2  # (FSDPTest itself imports on older torch; fully_shard is public from 2.6)
+@pytest.mark.slow  # a pytest session of its own on 4-rank pools: ~26 s (compat runs it)
 def test_an_unmodified_fsdptest_suite_runs_on_warm_pools(pytester):
     pytester.makepyfile(test_fsdp_style=FSDP)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dist-torch-suites",
@@ -148,6 +149,7 @@ def test_an_unmodified_fsdptest_suite_runs_on_warm_pools(pytester):
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.slow  # two pytest sessions on 2- and 4-rank pools: ~34 s (compat runs it)
 def test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools(pytester):
     pytester.makepyfile(test_gloo_style=MULTIPROCESS, test_dtensor_style=DTENSOR)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dist-torch-suites",
