@@ -122,6 +122,7 @@ def test_ranks_see_disjoint_shards_that_cover_the_data_reshuffled_each_epoch(
     assert seen[0][:48] != seen[0][48:], "the second epoch must be a new shuffle"
 
 
+@pytest.mark.slow  # two torchrun agents and their job: ~22 s
 def test_two_nodes_with_plain_torchrun_on_loopback(tmp_path, tiny, spawn):
     # The rendezvous store is held here, as a cluster's external store would be, and both
     # torchrun "nodes" join it as clients: a port probed now and bound by torchrun later can be

@@ -147,7 +147,8 @@ def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc/self/task")
-@pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"), (2, "fsdp")])
+@pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"),
+                                             pytest.param(2, "fsdp", marks=pytest.mark.slow)])
 def test_no_gloo_thread_outlives_the_process_group_after_a_run(run_cli, tiny, nproc, strategy,
                                                                tmp_path):
     """The root of the exit abort: after teardown, no gloo thread may be left running into

@@ -40,6 +40,7 @@ def test_gpt2_with_dropout_resumes_mid_epoch_bit_identically(spawn, tmp_path, ck
     assert_bit_identical(resumed["weights"], straight["weights"])
 
 
+@pytest.mark.slow  # three GPT-2 runs: ~23 s
 def test_gpt2_resumed_at_another_world_size_continues_the_same_run(spawn, tmp_path):
     flags = dict(GPT2_RUN, epochs=2)
     straight = spawn(fit, str(tmp_path / "straight"), world_size=1, **flags)[0]

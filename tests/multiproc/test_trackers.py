@@ -36,6 +36,7 @@ def steps(points):
     return [step for step, _ in points]
 
 
+@pytest.mark.slow  # with its module's whole run: ~26 s
 def test_tensorboard_and_wandb_show_the_runs_curves(straight):
     records = history(straight)
     evaluated = [r["step"] for r in records]
