@@ -231,7 +231,9 @@ class Rules(CallerChecks):
             for x, mine in future[d:]:
                 if mine or not x.collective:
                     continue
-                for site in sites([x])[: 1 if x.key[0] == "c" else None]:
+                # (a collective atom has more than one site where symmetric sides of a branch
+                # merged into it: each rank that stays runs one of them, so each is skipped)
+                for site in sites([x]):
                     self.blame(site, "RDL102",
                                 f"{self.describe(site)} is skipped by the ranks that {left} "
                                 f"under {cond} ({why})")  # fmt: skip

@@ -7,7 +7,7 @@ the wheel), with no line changed for refddp. pytest runs them in a project of th
 
 import pytest
 
-from tests.torch_features import needs_fsdp2
+from tests.torch_features import needs_fsdp2, needs_torch_213_test_helpers
 
 pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
 
@@ -78,7 +78,7 @@ class OneRankTest(MultiProcessTestCase):
             dist.init_process_group(backend=backend, rank=self.rank,
                                     world_size=self.world_size, store=store)
             pg = dist.distributed_c10d._get_default_group()
-            self.assertEqual(pg.name(), "custom" if backend == "fake" else backend)
+            self.assertEqual(pg.name(), "custom" if backend == "fake" else backend)  # (2.13)
             dist.destroy_process_group()
 
 
@@ -150,6 +150,7 @@ def test_an_unmodified_fsdptest_suite_runs_on_warm_pools(pytester):
 
 
 @pytest.mark.slow  # two pytest sessions on 2- and 4-rank pools: ~34 s (compat runs it)
+@needs_torch_213_test_helpers
 def test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools(pytester):
     pytester.makepyfile(test_gloo_style=MULTIPROCESS, test_dtensor_style=DTENSOR)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--dist-torch-suites",
@@ -162,6 +163,7 @@ def test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools(py
     assert "OneRankTest::test_init_process_group_for_all_backends PASSED" in out
 
 
+@needs_torch_213_test_helpers
 def test_without_the_option_the_suites_base_class_is_torchs_own(pytester):
     pytester.makepyfile(test_which="""
 from torch.testing._internal.common_distributed import MultiProcessTestCase
