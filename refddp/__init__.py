@@ -12,18 +12,18 @@ __version__ = "0.1.0"
 __all__ = ["build_datasets", "build_model", "__version__"]
 
 if TYPE_CHECKING:
-    from refddp.data import build_datasets
-    from refddp.models import build_model
+    from refddp.workload.data import build_datasets
+    from refddp.workload.models import build_model
 
 
 def __getattr__(name: str) -> Any:
     # Lazy so that `import refddp` (and the pytest plugin) does not import torch up front.
     if name == "build_model":
-        from refddp.models import build_model
+        from refddp.workload.models import build_model
 
         return build_model
     if name == "build_datasets":
-        from refddp.data import build_datasets
+        from refddp.workload.data import build_datasets
 
         return build_datasets
     raise AttributeError(f"module 'refddp' has no attribute {name!r}")

@@ -5,8 +5,8 @@ One process, no process group, any world size the checkpoint was written at. The
 the dict a ``checkpoint_latest.pth`` of the same run holds (same keys, same tensors): it opens
 with ``torch.load(weights_only=True)``, a bare ``refddp.build_model(config)`` loads its
 ``model_state_dict``, and ``--resume`` / ``--init-from`` accept it. Nothing in the input runs
-code (``refddp.checkpoint_dcp``). The reading is ``refddp.checkpoint.load_full_checkpoint``,
-which takes a checkpoint of any format.
+code (``refddp.checkpoints.dcp``). The reading is
+``refddp.checkpoints.loading.load_full_checkpoint``, which takes a checkpoint of any format.
 
 Exit codes: 0 written; 2 bad arguments or input (one line naming the path); 1 the output
 could not be written (one line naming it).
@@ -18,10 +18,10 @@ import argparse
 import os
 import sys
 
-from refddp import checkpoint_formats
-from refddp.checkpoint import load_full_checkpoint
-from refddp.config import ConfigError
-from refddp.run_files import RunFileError, save_atomic
+from refddp.checkpoints import formats as checkpoint_formats
+from refddp.checkpoints.loading import load_full_checkpoint
+from refddp.checkpoints.run_files import RunFileError, save_atomic
+from refddp.config.schema import ConfigError
 
 EXIT_USAGE, EXIT_RUNTIME = 2, 1
 

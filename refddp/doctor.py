@@ -23,12 +23,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.config import ConfigError, TrainConfig, load_yaml, merge, parse_cli, per_rank_batch_size
-from refddp.data import build_datasets
-from refddp.dist import end_process, init_distributed, rank0_then_meet, teardown, under_torchrun
-from refddp.launch import launch
-from refddp.network_checks import check_node, duplicate_host_names
-from refddp.stragglers import straggler_fields
+from refddp.config.schema import (
+    ConfigError,
+    TrainConfig,
+    load_yaml,
+    merge,
+    parse_cli,
+    per_rank_batch_size,
+)
+from refddp.launch.dist import (
+    end_process,
+    init_distributed,
+    rank0_then_meet,
+    teardown,
+    under_torchrun,
+)
+from refddp.launch.network_checks import check_node, duplicate_host_names
+from refddp.launch.torchrun import launch
+from refddp.training.stragglers import straggler_fields
+from refddp.workload.data import build_datasets
 
 ENV_VARS = (
     "MASTER_ADDR",
@@ -130,8 +143,8 @@ def _shard_report(c: TrainConfig) -> dict[str, Any]:
 
 def _model_report(c: TrainConfig, ctx: Any) -> dict[str, Any]:
     """The model under ``c.strategy``: what each rank stores (FSDP: its shard)."""
-    from refddp.models import build_model
-    from refddp.parallel import build_parallel
+    from refddp.training.parallel import build_parallel
+    from refddp.workload.models import build_model
 
     model = build_model(c).to(ctx.device)
     total = sum(p.numel() for p in model.parameters())
@@ -154,7 +167,7 @@ def _step_report(c: TrainConfig, ctx: Any, steps: int) -> dict[str, Any]:
     """Each rank's time per training step of ``c`` over ``steps`` steps, after one to warm up
     (optimizer state, DDP's buckets): the step itself, which every rank spends waiting for the
     slowest, and its own compute and data wait, which say who that is."""
-    from refddp.trainer import Trainer
+    from refddp.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:  # the trial run's files (rank 0's config.yaml)
         trial = dataclasses.replace(c, task="train", out=out, resume="never", init_from="",

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from refddp import checkpoint as ckpt
-from refddp.config import FIELDS, ConfigError, refuse_checkpoint_imports
-from refddp.models import build_model
-from refddp.run_files import fsync_path, temp_name
+from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.run_files import fsync_path, temp_name
+from refddp.config.schema import FIELDS, ConfigError, refuse_checkpoint_imports
+from refddp.workload.models import build_model
 
 EXIT_USAGE, EXIT_RUNTIME = 2, 1
 SUFFIX = ".safetensors"

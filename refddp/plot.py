@@ -29,7 +29,7 @@ def read_history(run_dir: str) -> list[dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 raise PlotError(f"{path}:{number}: not a JSON line") from None
-            if "skipped" not in record:  # a skipped step's line (refddp/trackers/jsonl.py)
+            if "skipped" not in record:  # a skipped step's line (refddp/training/trackers/jsonl.py)
                 records.append(record)
     if not records:
         raise PlotError(f"{path}: no evaluations recorded yet")

@@ -18,9 +18,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from refddp import checkpoint as ckpt
-from refddp import run_state, trackers
-from refddp.config import (
+from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints import run_state
+from refddp.config.schema import (
     JOINED_WITH,
     ConfigError,
     TrainConfig,
@@ -32,8 +32,7 @@ from refddp.config import (
     refuse_checkpoint_imports,
     validate,
 )
-from refddp.data import build_datasets
-from refddp.dist import (
+from refddp.launch.dist import (
     RankZeroError,
     end_process,
     init_distributed,
@@ -42,11 +41,13 @@ from refddp.dist import (
     teardown,
     under_torchrun,
 )
-from refddp.error_file import AGREED_STOP, LAUNCHED_ENV, USAGE, record_error
-from refddp.launch import CONFIG_ENV, launch
-from refddp.models import build_model
-from refddp.slurm import srun_task
-from refddp.watchdog import HangWatchdog
+from refddp.launch.error_file import AGREED_STOP, LAUNCHED_ENV, USAGE, record_error
+from refddp.launch.slurm import srun_task
+from refddp.launch.torchrun import CONFIG_ENV, launch
+from refddp.training import trackers
+from refddp.training.watchdog import HangWatchdog
+from refddp.workload.data import build_datasets
+from refddp.workload.models import build_model
 
 log = logging.getLogger("refddp")
 EXIT_USAGE = 2
@@ -184,9 +185,9 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     ``given``: the fields this rank's own command gave (plain torchrun: each rank resolves its
     config); None when every rank got the same config from refddp's launcher.
     """
-    from refddp.evaluation import run_eval, run_predict
-    from refddp.step_agreement import NonFiniteStep
-    from refddp.trainer import Trainer
+    from refddp.training.evaluation import run_eval, run_predict
+    from refddp.training.step_agreement import NonFiniteStep
+    from refddp.training.trainer import Trainer
 
     stacks_dir = os.path.join(c.out, "stacks")
     # The hang watchdog (c.timeout) fires before the collective timeout does.

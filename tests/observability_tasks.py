@@ -7,8 +7,8 @@ import time
 
 import torch.distributed as dist
 
-from refddp.dist import init_distributed
-from refddp.trainer import Trainer
+from refddp.launch.dist import init_distributed
+from refddp.training.trainer import Trainer
 from tests import recording_tracker
 from tests.rank_tasks import fit, tiny_config
 

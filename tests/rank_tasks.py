@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from refddp.checkpoint import unwrap
-from refddp.config import TrainConfig
-from refddp.dist import init_distributed
-from refddp.evaluation import evaluate
+from refddp.checkpoints.loading import unwrap
+from refddp.config.schema import TrainConfig
+from refddp.launch.dist import init_distributed
 from refddp.testing import record_collectives
 from refddp.testing.collectives import process_group_sequence
-from refddp.trainer import Trainer
+from refddp.training.evaluation import evaluate
+from refddp.training.trainer import Trainer
 
 # Small, float64, deterministic: tight tolerances mean something.
 TINY = dict(
@@ -74,8 +74,8 @@ def fit_recording_collectives(out: str, **overrides) -> dict:
 
 def eval_model(weights: dict, **overrides) -> dict:
     c = tiny_config("unused", **overrides)
-    from refddp.data import build_datasets
-    from refddp.models import build_model
+    from refddp.workload.data import build_datasets
+    from refddp.workload.models import build_model
 
     model = build_model(c)
     model.load_state_dict(weights)
@@ -89,8 +89,8 @@ def describe_objective(out: str, **overrides) -> str:
 
 def evaluate_fresh_model(**overrides) -> dict:
     """The freshly initialised model of this config, evaluated on every rank."""
-    from refddp.data import build_datasets
-    from refddp.models import build_model
+    from refddp.workload.data import build_datasets
+    from refddp.workload.models import build_model
 
     c = tiny_config("unused", **overrides)
     return evaluate(build_model(c), build_datasets(c)[1], c, init_distributed("cpu"), None)
@@ -176,7 +176,7 @@ def fit_signalled_during_save(out: str, save_step: int, **overrides) -> dict:
     import os
     import signal
 
-    from refddp import checkpoint_full as checkpoint
+    from refddp.checkpoints import full as checkpoint
 
     write = checkpoint.write_checkpoint
 
@@ -225,14 +225,14 @@ def fit_full_weights(out: str, **overrides) -> dict:
 def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     """A trainer built on the CPU with ``fuses_on_cuda`` answering ``fuses`` (as it would on a
     GPU): whether its optimizer runs fused kernels."""
-    import refddp.trainer
+    import refddp.training.trainer
 
-    real = refddp.trainer.fuses_on_cuda
-    refddp.trainer.fuses_on_cuda = lambda c, device: fuses
+    real = refddp.training.trainer.fuses_on_cuda
+    refddp.training.trainer.fuses_on_cuda = lambda c, device: fuses
     try:
         trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
     finally:
-        refddp.trainer.fuses_on_cuda = real
+        refddp.training.trainer.fuses_on_cuda = real
     return {"fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups]}
 
 
@@ -256,14 +256,14 @@ def fit_recording_scales(out: str, **overrides) -> dict:
 def fit_full_weights_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     """``fit_full_weights`` with ``fuses_on_cuda`` answering ``fuses``: the optimizer built
     fused, as on a GPU."""
-    import refddp.trainer
+    import refddp.training.trainer
 
-    real = refddp.trainer.fuses_on_cuda
-    refddp.trainer.fuses_on_cuda = lambda c, device: fuses
+    real = refddp.training.trainer.fuses_on_cuda
+    refddp.training.trainer.fuses_on_cuda = lambda c, device: fuses
     try:
         return fit_full_weights(out, **overrides)
     finally:
-        refddp.trainer.fuses_on_cuda = real
+        refddp.training.trainer.fuses_on_cuda = real
 
 
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
@@ -293,7 +293,7 @@ def fit_with_a_failing_dcp_save(out: str, failing_save: int, **overrides) -> str
     Returns the error the trainer raised."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from refddp.checkpoint import RunFileError
+    from refddp.checkpoints.loading import RunFileError
 
     finish, saves = FileSystemWriter.finish, []
 
@@ -358,7 +358,7 @@ def fit_on_gpu_counting_host_syncs(out: str, **overrides) -> dict:
 def config_after_taking_rank0s(fields: list[dict], given: list[list[str]]) -> dict | str:
     """``take_rank0_run_config`` on this rank's ``fields[rank]`` (its command gave
     ``given[rank]``): the run fields it ends with, or its one-line refusal."""
-    from refddp.config import ConfigError
+    from refddp.config.schema import ConfigError
     from refddp.train import take_rank0_run_config
 
     rank = dist.get_rank()

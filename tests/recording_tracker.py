@@ -1,14 +1,14 @@
 """A third tracker, as a user would write one: one module providing ``TRACKER``.
 
 It keeps what it is sent in this process (``POINTS``, ``RECORDS``), so a rank-side test can
-check what the trainer sent, and when. Registered by name in ``refddp.trackers.TRACKERS``.
+check what the trainer sent, and when. Registered by name in ``refddp.training.trackers.TRACKERS``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from refddp.trackers.base import Run, Tracker
+from refddp.training.trackers.base import Run, Tracker
 
 POINTS: list[tuple[int, dict[str, float]]] = []  # (step, scalars) from log()
 RECORDS: list[dict[str, Any]] = []  # evaluation records
@@ -38,7 +38,7 @@ class Recording(Tracker):
 
 def register() -> None:
     """Make ``--log-to recording`` name this module (in this process)."""
-    from refddp import trackers
+    from refddp.training import trackers
 
     trackers.TRACKERS["recording"] = __name__
     POINTS.clear(), RECORDS.clear(), EVENTS.clear()

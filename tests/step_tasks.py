@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from refddp.dist import init_distributed
-from refddp.trainer import Trainer
+from refddp.launch.dist import init_distributed
+from refddp.training.trainer import Trainer
 from tests import recording_tracker
 from tests.rank_tasks import tiny_config
 
@@ -23,8 +23,8 @@ HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__
 # and its datasets (refddp's included) read the host batches they make; the trainer counts the
 # step's targets on those host batches; the harness checks each collective's fingerprint.
 # (file, function or "" for any)
-NOT_THE_DEVICES = (("/torch/optim/", ""), ("/torch/utils/data/", ""), ("/refddp/data.py", ""),
-                   ("/refddp/trainer.py", "host_target_count"),
+NOT_THE_DEVICES = (("/torch/optim/", ""), ("/torch/utils/data/", ""), ("/refddp/workload/data.py", ""),
+                   ("/refddp/training/trainer.py", "host_target_count"),
                    ("/refddp/testing/collectives.py", ""))  # fmt: skip
 
 
@@ -188,9 +188,9 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
 
     Every skipped step is checked to leave this rank's ``trainer_state`` as it was; a run that
     stops on a non-finite step (``on_nonfinite=stop``) says at which step."""
-    from refddp.step_agreement import NonFiniteStep
     from refddp.testing import record_collectives
     from refddp.testing.collectives import process_group_sequence
+    from refddp.training.step_agreement import NonFiniteStep
     from tests.rank_tasks import SIGNALS
 
     rank = torch.distributed.get_rank()
@@ -262,7 +262,7 @@ def reduced_as_ddp_does() -> dict:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from refddp.parallel import unreduced_parameters
+    from refddp.training.parallel import unreduced_parameters
 
     class Model(nn.Module):
         def __init__(self) -> None:

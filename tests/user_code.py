@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-from refddp.data import TensorPairDataset, synthetic
+from refddp.workload.data import TensorPairDataset, synthetic
 
 
 def tiny_linear(config):
@@ -62,7 +62,7 @@ def exploding_datasets(config):
 
 def first_step_explodes_datasets(config):
     """The first sample of epoch 0's global order is inf: step 1's loss is non-finite, so the
-    optimizer's first applied step is step 2 (GlobalBatchSampler's order, refddp/data.py)."""
+    optimizer's first applied step is step 2 (GlobalBatchSampler's order, refddp/workload/data.py)."""
     train, val = synthetic(config)
     first = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))[0]
     x = train.x.clone()
@@ -73,7 +73,7 @@ def first_step_explodes_datasets(config):
 def spiky_mlp(config):
     """An MLP whose first-layer gradient is inf on rank 1 every third backward (loss stays
     finite): what an fp16 overflow looks like to GradScaler, planted before DDP's all-reduce."""
-    from refddp.models import MLP
+    from refddp.workload.models import MLP
 
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     backwards = {"n": 0}
@@ -94,7 +94,7 @@ def killed_mlp(config):
     $REFDDP_TEST_KILL_AT (unset: never), first attempt only."""
     import signal
 
-    from refddp.models import MLP
+    from refddp.workload.models import MLP
 
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     forwards = {"n": 0}
@@ -137,7 +137,7 @@ def stuck_datasets(config):
 
 def datasets_missing_on_rank_1(config):
     """A data file present on rank 0's node only: rank 1 alone refuses its configuration."""
-    from refddp.config import ConfigError
+    from refddp.config.schema import ConfigError
 
     if dist.is_initialized() and dist.get_rank() == 1:
         raise ConfigError("data: file not found: /node-local/train.pt")
@@ -180,7 +180,7 @@ def mlp_reporting_native_threads_at_exit(config):
     also builds the model, to check it, before any group exists: it reports nothing.)"""
     import atexit
 
-    from refddp.models import MLP
+    from refddp.workload.models import MLP
 
     def report(rank: int) -> None:
         path = os.path.join(os.environ["REFDDP_TEST_THREADS_DIR"], f"rank{rank}.txt")
@@ -347,7 +347,7 @@ class ExpertMLP(torch.nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        from refddp.models import MLP
+        from refddp.workload.models import MLP
 
         self.mlp = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
         self.expert = ExpertBias(config.num_classes)

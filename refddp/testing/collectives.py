@@ -19,7 +19,7 @@ object (``pg.allreduce(...)``: ``process_groups.py``), each counted once (a func
 the group's method itself is one collective: a thread-local guard lets nested calls through).
 DDP's built-in gradient all-reduce runs in C++ and shows up in the process group's sequence
 number instead (``process_group_sequence``); a Python comm hook's all-reduce (refddp's trainer
-registers one with ``find_unused_parameters``, ``refddp.parallel``) is seen, from inside
+registers one with ``find_unused_parameters``, ``refddp.training.parallel``) is seen, from inside
 autograd. An async collective (``async_op=True``, ``isend``, any group method: they return a
 ``Work``) counts as entered while its ``Work.wait()`` runs: ``dist.Work.wait`` is wrapped for
 that, so a rank waiting on a peer that never joins is reported as fast as for a blocking call (a

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from refddp.dist import DistContext
+from refddp.launch.dist import DistContext
 
 __all__ = [
     "DistContext",

@@ -84,7 +84,7 @@ def clean_up(start: Baseline) -> tuple[str, ...]:
     import torch.distributed as dist
 
     released = False
-    refddp_dist = sys.modules.get("refddp.dist")
+    refddp_dist = sys.modules.get("refddp.launch.dist")
     if refddp_dist is not None:
         released = refddp_dist.release_meshes()
     mesh_env = getattr(sys.modules.get("torch.distributed.device_mesh"), "_mesh_resources", None)

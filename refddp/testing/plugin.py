@@ -251,7 +251,7 @@ def _run_on_ranks(
     real_nodes: bool = False,
 ) -> list[Any]:
     __tracebackhide__ = True
-    from refddp.torch_support import floor_refused
+    from refddp.config.torch_support import floor_refused
 
     refused = floor_refused()
     if refused:  # the one line, not a failure deep inside torch
@@ -337,7 +337,7 @@ def spawn(request: pytest.FixtureRequest, _refddp_world_size: int) -> Iterator[C
 def dist_ctx(request: pytest.FixtureRequest, _refddp_world_size: int) -> Any:
     """This rank's ``RankContext``: rank, world_size, local_rank, device, backend, and its
     simulated node (node_rank, local_world_size, node_tmp_path)."""
-    from refddp.dist import DistContext
+    from refddp.launch.dist import DistContext
 
     if not _is_rank_side(request.node):
         raise pytest.UsageError("dist_ctx is only available in tests marked @pytest.mark.multiproc")

@@ -131,7 +131,7 @@ class RankPool:
 
     def _start(self, debug: bool, devices: tuple[str, ...], start_timeout_s: float,
                real_nodes: bool) -> None:  # fmt: skip
-        from refddp.dist import loopback_store
+        from refddp.launch.dist import loopback_store
 
         if real_nodes:
             from refddp.testing.cluster import Cluster, unavailable_to_ranks

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
+from refddp.launch.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
 from refddp.testing import (
     collectives,
     context,

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import refddp
-from refddp import checkpoint_dcp
+from refddp.checkpoints import dcp as checkpoint_dcp
 from refddp.testing.gpus import gpu_skip_reason
 from tests.cli_runs import REPO
 from tests.rank_tasks import (
@@ -146,7 +146,7 @@ def test_nccl_flight_recorder_is_wired_for_the_trainer(tmp_path):
     needs_gpus(1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_NCCL")}
     code = (
-        "import os, torch; from refddp.dist import init_distributed; "
+        "import os, torch; from refddp.launch.dist import init_distributed; "
         f"init_distributed('cuda', trace_dir={str(tmp_path)!r}); "
         "print(os.environ['TORCH_NCCL_DUMP_ON_TIMEOUT'], os.environ['TORCH_NCCL_DEBUG_INFO_TEMP_FILE'])"
     )

@@ -1,13 +1,14 @@
 """``StepAgreement`` across ranks: what each rank sends comes back summed on every rank, the
 target count exact past float32's integers, the loss sum, and one stop signal named alike
-where ranks received different ones (``refddp/step_agreement.py``)."""
+where ranks received different ones (``refddp/training/step_agreement.py``)."""
 
 import signal
 
 import torch
 import torch.distributed as dist
 
-from refddp.step_agreement import StepAgreement, StopRequest
+from refddp.launch.stop_signals import StopRequest
+from refddp.training.step_agreement import StepAgreement
 
 BIG = 2**24 + 1  # float32 would round it to 2**24
 

@@ -11,8 +11,9 @@ import os
 import pytest
 import torch
 
-from refddp import checkpoint_dcp, convert_checkpoint
-from refddp.checkpoint import LATEST
+from refddp import convert_checkpoint
+from refddp.checkpoints import dcp as checkpoint_dcp
+from refddp.checkpoints.loading import LATEST
 from tests.rank_tasks import fit_full_weights, fit_then_save_full, fit_with_a_failing_dcp_save
 from tests.torch_features import FSDP, needs_fsdp2
 

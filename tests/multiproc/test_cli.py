@@ -8,8 +8,8 @@ import torch
 import yaml
 
 import refddp
-from refddp.dist import loopback_store
-from refddp.objectives import PROBE_SAMPLES
+from refddp.launch.dist import loopback_store
+from refddp.workload.objectives import PROBE_SAMPLES
 from tests.cli_runs import run_nodes, torchrun_node_command
 
 

@@ -287,7 +287,7 @@ def test_a_link_cut_mid_run_ends_every_rank_within_the_timeout_and_the_rerun_is_
         for rank in range(2):
             stack = (out / "stacks" / f"rank{rank}.txt").read_text()
             # Blocked wherever its next collective was (a step, a checkpoint's agreement).
-            assert "Timeout" in stack and "refddp/trainer.py" in stack, stack[:2000]
+            assert "Timeout" in stack and "refddp/training/trainer.py" in stack, stack[:2000]
         cluster.restore(1)
         results = finish(start_nodes(cluster, commands))
     assert [c for c, _ in results] == [0, 0], "\n".join(log[-3000:] for _, log in results)

@@ -90,12 +90,12 @@ SLOW_RANK0_TEARDOWN = """
 import os
 if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:  # rank 0 of the doctor
     import time
-    import refddp.dist
-    leave = refddp.dist.teardown
+    import refddp.launch.dist
+    leave = refddp.launch.dist.teardown
     def slow_teardown():
         time.sleep(3)
         leave()
-    refddp.dist.teardown = slow_teardown
+    refddp.launch.dist.teardown = slow_teardown
 """
 
 

@@ -332,7 +332,7 @@ def gloo_setting_and_listeners():
 
 
 def test_the_harness_pools_pin_gloo_to_loopback(spawn):
-    from refddp.dist import loopback_interface
+    from refddp.launch.dist import loopback_interface
 
     for interface, addresses in spawn(gloo_setting_and_listeners):
         assert interface == loopback_interface()  # set before the pool's group was created

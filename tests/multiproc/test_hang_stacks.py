@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.step_agreement import StopRequest
+from refddp.launch.stop_signals import StopRequest
 from refddp.testing import RankTimeout
 from refddp.testing.protocol import STACK_SIGNAL
 from refddp.testing.reports import why_no_stack

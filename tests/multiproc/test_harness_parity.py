@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from refddp.config.torch_support import torch_version
 from refddp.testing import RankFailure, assert_matches_single_process, assert_replicas_equal
-from refddp.torch_support import torch_version
 
 
 def replicas(perturb_rank, name):
@@ -92,7 +92,7 @@ def test_tolerances_follow_the_dtype(spawn):
 
 
 def leave_a_mesh_and_a_subgroup():
-    from refddp.dist import device_mesh
+    from refddp.launch.dist import device_mesh
 
     device_mesh("cpu", dist.get_world_size())
     dist.new_group([0, 1])
@@ -102,10 +102,10 @@ def leave_a_mesh_and_a_subgroup():
 def what_is_left():
     from torch.distributed.device_mesh import _mesh_resources
 
-    import refddp.dist
+    import refddp.launch.dist
 
     names = dist.distributed_c10d._world.pg_names
-    return len(refddp.dist._meshes), len(_mesh_resources.mesh_stack), len(names)
+    return len(refddp.launch.dist._meshes), len(_mesh_resources.mesh_stack), len(names)
 
 
 def test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next(spawn):

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from refddp.data import build_datasets
-from refddp.models import build_model
+from refddp.workload.data import build_datasets
+from refddp.workload.models import build_model
 from tests.rank_tasks import (
     autocast_dtypes_seen,
     fit,
@@ -65,8 +65,8 @@ def fsdp_units(out: str, **overrides) -> list[str]:
     """The classes of the modules the trainer made FSDP units of."""
     from torch.distributed.fsdp import FSDPModule
 
-    from refddp.dist import init_distributed
-    from refddp.trainer import Trainer
+    from refddp.launch.dist import init_distributed
+    from refddp.training.trainer import Trainer
 
     trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
     units = [m for m in trainer.model.modules() if isinstance(m, FSDPModule)]
@@ -133,8 +133,8 @@ def fit_compiling_every_block(out: str, **overrides) -> list[int]:
     import torch._dynamo
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from refddp.dist import init_distributed
-    from refddp.trainer import Trainer
+    from refddp.launch.dist import init_distributed
+    from refddp.training.trainer import Trainer
 
     torch._dynamo.reset()
     compile_ = torch.compile

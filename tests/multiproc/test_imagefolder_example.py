@@ -30,8 +30,8 @@ def test_the_resnet_example_trains_from_pngs_and_its_checkpoint_loads_into_a_bar
 ):
     import torchvision
 
-    from refddp.data import build_datasets
-    from refddp.run_state import clean_state_dict
+    from refddp.checkpoints.run_state import clean_state_dict
+    from refddp.workload.data import build_datasets
 
     done = run_cli("--config", "examples/imagefolder_resnet.yaml", "--nproc", 2, data=shapes,
                    epochs=3, eval_every=5, **SMALL)  # fmt: skip

@@ -1,4 +1,4 @@
-"""refddp.parallel: the DDP and FSDP2 strategies behind one interface, proven on gloo ranks.
+"""refddp.training.parallel: the DDP and FSDP2 strategies behind one interface, proven on gloo ranks.
 
 FSDP must train exactly like DDP (float64: within rounding) with accumulation and clipping,
 and its checkpoint state must be DDP's (full, clean keys, torch's optimizer layout) so runs
@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from refddp.config import TrainConfig
-from refddp.dist import DistContext
-from refddp.models import build_model
-from refddp.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
+from refddp.config.schema import TrainConfig
+from refddp.launch.dist import DistContext
 from refddp.testing.collectives import process_group_sequence
+from refddp.training.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
+from refddp.workload.models import build_model
 from tests.rank_tasks import fit_recording_collectives
 
 CONFIG = {"input_dim": 8, "hidden_size": 16, "depth": 3, "num_classes": 3, "dtype": "float64"}

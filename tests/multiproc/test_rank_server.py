@@ -7,11 +7,11 @@ import threading
 import pytest
 import torch
 
+from refddp.config.torch_support import torch_version
 from refddp.testing import rank_server
 from refddp.testing.pool import LAZY_CONNECT_FROM, RankPool
 from refddp.testing.warm_pools import PoolKey, close_pool
 from refddp.testing.worker import IDLE_LOOP_SLACK_NS
-from refddp.torch_support import torch_version
 
 
 def where_from():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from refddp.dist import loopback_store
+from refddp.launch.dist import loopback_store
 from tests.cli_runs import run, run_nodes, start, torchrun_node_command, train_command
 from tests.rank_tasks import config_after_taking_rank0s, fit_signalled_during_save
 

@@ -21,10 +21,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.models import build_model
-from refddp.objectives import PROBE_SAMPLES
 from refddp.testing import RankFailure
 from refddp.testing.rank_lists import parse_rank_list
+from refddp.workload.models import build_model
+from refddp.workload.objectives import PROBE_SAMPLES
 from tests.rank_tasks import (
     TOKENS,
     assert_in_step,

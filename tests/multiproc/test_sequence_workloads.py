@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refddp.data import build_datasets
-from refddp.models import build_model
+from refddp.workload.data import build_datasets
+from refddp.workload.models import build_model
 from tests.rank_tasks import fit, tiny_config
 from tests.sequence_code import GLOBAL_BATCH, GPT2_RUN, TOKEN_RUN
 

@@ -1,5 +1,5 @@
 """A step skipped as non-finite leaves no trace, is on the record, and a run that trains nothing
-ends in failure (``refddp/skips.py``).
+ends in failure (``refddp/training/skips.py``).
 
 The issue's cases, as a user met them: a BatchNorm model on data where one row in twenty is inf
 (its skipped steps used to leave non-finite running statistics, a nan val_loss and exit 0); a

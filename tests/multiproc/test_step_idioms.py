@@ -11,10 +11,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import default_collate
 
-from refddp.data import build_datasets
-from refddp.dist import init_distributed
-from refddp.models import build_model
-from refddp.trainer import Trainer
+from refddp.launch.dist import init_distributed
+from refddp.training.trainer import Trainer
+from refddp.workload.data import build_datasets
+from refddp.workload.models import build_model
 from tests.rank_tasks import fit, state_of, tiny_config
 from tests.sequence_code import GLOBAL_BATCH, TOKEN_RUN
 

@@ -1,10 +1,10 @@
 """The straggler report: each rank's compute and data wait ride the evaluation's all-reduce;
 history names the slowest rank and its lag, and the log warns when the same rank stays
-behind (``refddp/stragglers.py``)."""
+behind (``refddp/training/stragglers.py``)."""
 
 import pytest
 
-from refddp.stragglers import PERSISTENT
+from refddp.training.stragglers import PERSISTENT
 from tests.observability_tasks import fit_with_a_slow_rank
 
 DELAY_S = 0.02  # per forward or backward: ~20x this tiny model's own compute per step

@@ -5,10 +5,10 @@ import re
 import pytest
 import torch
 
-from refddp.checkpoint import LATEST
-from refddp.config import ConfigError
-from refddp.models import build_model
+from refddp.checkpoints.loading import LATEST
+from refddp.config.schema import ConfigError
 from refddp.testing import RankFailure, RankTimeout
+from refddp.workload.models import build_model
 from tests.rank_tasks import (
     autocast_dtypes_seen,
     count_step_collectives,

@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 
-from refddp.dist import init_distributed
+from refddp.launch.dist import init_distributed
 from refddp.testing import RankFailure, faults, rank_context
 from refddp.train import take_rank0_run_config
-from refddp.trainer import Trainer
-from refddp.watchdog import HangWatchdog
+from refddp.training.trainer import Trainer
+from refddp.training.watchdog import HangWatchdog
 from tests.rank_tasks import fit, fit_recording_collectives, state_of, tiny_config
 
 FLAGS = {"epochs": 2, "ckpt_every": 4}

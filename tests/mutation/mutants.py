@@ -22,8 +22,8 @@ class Mutant:
     needs: str = ""  # a module its tests need (they skip without it): judged only where it imports
 
 
-DATA, TRAINER, EVALUATION = "refddp/data.py", "refddp/trainer.py", "refddp/evaluation.py"
-CKPT, COLLECTIVES = "refddp/checkpoint.py", "refddp/testing/collectives.py"
+DATA, TRAINER, EVALUATION = "refddp/workload/data.py", "refddp/training/trainer.py", "refddp/training/evaluation.py"
+CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/collectives.py"
 SIGNATURES, CHECK = "refddp/testing/signatures.py", "refddp/testing/fingerprint_check.py"
 GROUP_METHODS = "refddp/testing/process_groups.py"
 T_SIGNATURES = "tests/unit/test_signatures.py"
@@ -31,26 +31,26 @@ T_FINGERPRINT = "tests/multiproc/test_collective_fingerprint.py"
 T_METHODS = "tests/multiproc/test_process_group_methods.py"
 T_RECORDED_ONCE = (f"{T_METHODS}::test_each_collective_is_recorded_once_whether_called_as_a_"
                    "function_or_a_method")
-RUN_STATE, RUN_FILES = "refddp/run_state.py", "refddp/run_files.py"
-CKPT_FULL = "refddp/checkpoint_full.py"
-SYNC_BN, PARALLEL = "refddp/sync_batchnorm.py", "refddp/parallel.py"
+RUN_STATE, RUN_FILES = "refddp/checkpoints/run_state.py", "refddp/checkpoints/run_files.py"
+CKPT_FULL = "refddp/checkpoints/full.py"
+SYNC_BN, PARALLEL = "refddp/training/sync_batchnorm.py", "refddp/training/parallel.py"
 T_PARALLEL, T_FSDP = "tests/multiproc/test_parallel.py", "tests/multiproc/test_fsdp.py"
 T_DATA = "tests/unit/test_data.py"
-CKPT_DCP, T_DCP = "refddp/checkpoint_dcp.py", "tests/multiproc/test_checkpoint_dcp.py"
+CKPT_DCP, T_DCP = "refddp/checkpoints/dcp.py", "tests/multiproc/test_checkpoint_dcp.py"
 T_CONVERT = "tests/unit/test_convert_checkpoint.py"
 T_CLI = "tests/multiproc/test_cli.py"
 T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
 T_MODELS = "tests/multiproc/test_realistic_models.py"
 T_DDP = "tests/multiproc/test_ddp_equivalence.py"
 T_HARNESS = "tests/multiproc/test_harness.py"
-DIST, T_WATCHDOG = "refddp/dist.py", "tests/unit/test_watchdog.py"
-WATCHDOG = "refddp/watchdog.py"
-AGREEMENT, T_NONFINITE = "refddp/step_agreement.py", "tests/multiproc/test_nonfinite_steps.py"
+DIST, T_WATCHDOG = "refddp/launch/dist.py", "tests/unit/test_watchdog.py"
+WATCHDOG = "refddp/training/watchdog.py"
+AGREEMENT, T_NONFINITE = "refddp/training/step_agreement.py", "tests/multiproc/test_nonfinite_steps.py"
 T_SCENARIOS = "tests/multiproc/test_step_scenarios.py"
 T_KERNELS = "tests/multiproc/test_optimizer_kernels.py"
-WINDOW, T_SEQ = "refddp/window.py", "tests/multiproc/test_sequence_workloads.py"
+WINDOW, T_SEQ = "refddp/training/window.py", "tests/multiproc/test_sequence_workloads.py"
 T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objective_checks.py"
-SLURM, T_SLURM_ENV = "refddp/slurm.py", "tests/unit/test_slurm_environment.py"
+SLURM, T_SLURM_ENV = "refddp/launch/slurm.py", "tests/unit/test_slurm_environment.py"
 T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
 EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
 FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
@@ -59,7 +59,7 @@ REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
 T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
-NETWORK, T_NETWORK = "refddp/network_checks.py", "tests/multiproc/test_doctor_network.py"
+NETWORK, T_NETWORK = "refddp/launch/network_checks.py", "tests/multiproc/test_doctor_network.py"
 RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank_lists.py"
 T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
 WORKER, SERVER = "refddp/testing/worker.py", "refddp/testing/rank_server.py"
@@ -67,14 +67,14 @@ PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_par
 T_REAL = "tests/multiproc/test_harness_real_nodes.py"
 T_UNPRIVILEGED = "tests/multiproc/test_cluster_unprivileged.py::test_the_cluster_tests_pass_for_a_user_without_root"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
-TENSORBOARD, T_TRACKERS = "refddp/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
-STRAGGLERS, T_STRAGGLERS = "refddp/stragglers.py", "tests/multiproc/test_stragglers.py"
-PROFILER, T_PROFILER = "refddp/profiler.py", "tests/multiproc/test_profiler.py"
+TENSORBOARD, T_TRACKERS = "refddp/training/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
+STRAGGLERS, T_STRAGGLERS = "refddp/training/stragglers.py", "tests/multiproc/test_stragglers.py"
+PROFILER, T_PROFILER = "refddp/training/profiler.py", "tests/multiproc/test_profiler.py"
 T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
-SCHEDULE, T_SCHEDULE = "refddp/schedule.py", "tests/unit/test_schedule.py"
-BATCHES = "refddp/objectives/batches.py"
-IMAGE_FOLDER = "refddp/image_folder.py"
-SKIPPED, T_SKIPPED_STEPS = "refddp/skips.py", "tests/multiproc/test_skipped_steps.py"
+SCHEDULE, T_SCHEDULE = "refddp/training/schedule.py", "tests/unit/test_schedule.py"
+BATCHES = "refddp/workload/objectives/batches.py"
+IMAGE_FOLDER = "refddp/workload/image_folder.py"
+SKIPPED, T_SKIPPED_STEPS = "refddp/training/skips.py", "tests/multiproc/test_skipped_steps.py"
 PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/multiproc/test_hang_stacks.py"
 UNITTEST = "refddp/testing/unittest_case.py"
 
@@ -466,21 +466,21 @@ MUTANTS = (
     ),
     Mutant(
         "group-held-by-default-args", "a finished run leaves no gloo thread at exit",
-        "refddp/dist.py",
+        "refddp/launch/dist.py",
         "import torch.distributed.nn.functional  # noqa: F401, E402", "",
-        # In the trainer, refddp.checkpoint_dcp's imports happen to load it early too.
+        # In the trainer, refddp.checkpoints.dcp's imports happen to load it early too.
         ("tests/unit/test_end_process.py::test_destroying_the_group_after_ddp_stops_gloo_threads",),
     ),
     Mutant(
         "mesh-keeps-the-group", "a finished FSDP run leaves no gloo thread at exit",
-        "refddp/dist.py",
+        "refddp/launch/dist.py",
         'getattr(mesh, "_pg_registry", {}).clear()', "pass",
         ("tests/multiproc/test_exit_codes.py"
          "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
     ),
     Mutant(
         "group-left-to-cyclic-gc", "a finished FSDP run leaves no gloo thread at exit",
-        "refddp/dist.py", "        gc.collect()\n", "",
+        "refddp/launch/dist.py", "        gc.collect()\n", "",
         ("tests/multiproc/test_exit_codes.py"
          "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
     ),
@@ -559,7 +559,7 @@ MUTANTS = (
     ),
     Mutant(
         "count-ignores-the-shift", "exact normalisation of an HF causal LM's own loss",
-        "refddp/objectives/model_loss.py",
+        "refddp/workload/objectives/model_loss.py",
         "            labels = batch[LABELS][..., 1:] if self.shifts else batch[LABELS]",
         "            labels = batch[LABELS]",
         (f"{T_SEQ}::test_a_model_that_cannot_be_normalised_exactly_gets_micro_batch_means_and"
@@ -569,14 +569,14 @@ MUTANTS = (
     ),
     Mutant(
         "eval-loss-a-mean-of-batch-means", "exact eval: token-weighted val_loss",
-        "refddp/objectives/cross_entropy.py",
+        "refddp/workload/objectives/cross_entropy.py",
         "        return [total.double(), count, correct, count]",
         "        return [total.double() / count, 1, correct, count]",
         (f"{T_SEQ}::test_validation_loss_is_the_mean_over_every_target_token_at_any_world_size",),
     ),
     Mutant(
         "loss-import-not-guarded", "a checkpoint never makes refddp import the loss it names",
-        "refddp/config.py", "        resume=REFUSED,\n        imports=True,\n    )\n    metrics: str",
+        "refddp/config/schema.py", "        resume=REFUSED,\n        imports=True,\n    )\n    metrics: str",
         "        resume=REFUSED,\n    )\n    metrics: str",
         ("tests/unit/test_checkpoint_code.py::test_a_loss_or_metrics_import_named_only_by_a"
          "_checkpoint_is_refused[loss]",),
@@ -740,7 +740,7 @@ MUTANTS = (
     ),
     Mutant(
         "fsdp-on-a-torch-without-fully-shard", "a feature this torch lacks is one line",
-        "refddp/torch_support.py",
+        "refddp/config/torch_support.py",
         "    if hasattr(fsdp, \"fully_shard\") and hasattr(fsdp, \"FSDPModule\"):",
         "    if True:",
         ("tests/unit/test_torch_support.py::test_fsdp_on_a_torch_without_public_fully_shard_is"
@@ -748,15 +748,15 @@ MUTANTS = (
     ),
     Mutant(
         "launcher-without-its-internals", "a feature this torch lacks is one line",
-        "refddp/launch.py", "    if not missing:\n        return None",
+        "refddp/launch/torchrun.py", "    if not missing:\n        return None",
         "    if True:\n        return None",
         ("tests/unit/test_launcher_report.py::test_a_torch_without_the_launchers_internals_is"
          "_told_to_use_torchrun",),
     ),
     Mutant(
         "private-name-unlisted", "every private torch name is listed with its reason",
-        "docs/known-limitations.md", "- A device mesh's `_pg_registry` (`refddp/dist.py`",
-        "- A device mesh's registry (`refddp/dist.py`",
+        "docs/known-limitations.md", "- A device mesh's `_pg_registry` (`refddp/launch/dist.py`",
+        "- A device mesh's registry (`refddp/launch/dist.py`",
         ("tests/unit/test_private_names.py::test_every_private_name_refddp_uses_is_listed_with"
          "_its_reason",),
     ),
@@ -832,7 +832,7 @@ MUTANTS = (
     ),
     Mutant(
         "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
-        "refddp/launch.py", "previous = signal.signal(signal.SIGUSR1, _stop_the_agent)",
+        "refddp/launch/torchrun.py", "previous = signal.signal(signal.SIGUSR1, _stop_the_agent)",
         "previous = signal.getsignal(signal.SIGUSR1)",
         ("tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
          "_checkpoint_exit_138",),
@@ -1038,7 +1038,7 @@ MUTANTS = (
     ),
     Mutant(
         "fresh-run-keeps-the-old-history", "a fresh run in a used directory starts its history",
-        "refddp/trackers/jsonl.py", "        elif os.path.exists(self.path):  # a fresh run",
+        "refddp/training/trackers/jsonl.py", "        elif os.path.exists(self.path):  # a fresh run",
         "        elif False:  # a fresh run",
         (f"{T_TRACKER_UNITS}::test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and"
          "_curves",),
@@ -1085,7 +1085,7 @@ MUTANTS = (
         "        if step >= self.end:\n", "        if step > self.end:\n",
         (f"{T_PROFILER}::test_each_rank_writes_a_chrome_trace_of_the_profiled_steps",),
     ),
-    # The step (refddp/trainer.py, refddp/step_agreement.py): exact normalisation by a count
+    # The step (refddp/training/trainer.py, refddp/training/step_agreement.py): exact normalisation by a count
     # agreed before the backward, the skip decided from the all-reduced gradient's norm.
     Mutant(
         "count-of-one-micro-batch", "exact normalisation over every micro-batch", TRAINER,
@@ -1155,7 +1155,7 @@ MUTANTS = (
     ),
     Mutant(
         "launcher-ignores-agreed-stops", "an agreed stop is one line, its cause",
-        "refddp/launch.py", "    stops = _recorded(failures, AGREED_STOP)\n",
+        "refddp/launch/torchrun.py", "    stops = _recorded(failures, AGREED_STOP)\n",
         "    stops: dict[str, list[int]] = {}\n",
         ("tests/unit/test_launcher_report.py::test_an_agreed_stop_is_one_line_however_each_rank"
          "_ended[ended-by-agent]",),
@@ -1181,7 +1181,7 @@ MUTANTS = (
     ),
     Mutant(
         "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
-        AGREEMENT, "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
+        "refddp/launch/stop_signals.py", "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
         "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
         ("tests/unit/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
          "_the_first_in_signals_wins",
@@ -1299,7 +1299,7 @@ MUTANTS = (
     ),
     Mutant(
         "user-loss-count-unchecked", "a user loss's count is the one counted before its forward",
-        "refddp/objectives/user_loss.py", "            if returned != counted:",
+        "refddp/workload/objectives/user_loss.py", "            if returned != counted:",
         "            if False:",
         ("tests/unit/test_objectives.py::test_a_user_losss_count_must_be_the_one_counted_before"
          "_the_forward",),
@@ -1475,12 +1475,12 @@ MUTANTS = (
         (f"{T_SERVER}::test_a_preloaded_module_that_starts_a_thread_leaves_ranks_to_fresh_interpreters",),
     ),
     Mutant(
-        "slow-node-measured-against-the-median", "a slow node's ranks are named", "refddp/stragglers.py",
+        "slow-node-measured-against-the-median", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "    bar = others * (1 + LAG_SHARE)", "    bar = statistics.median(busy) * (1 + LAG_SHARE)",
         ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",),
     ),
     Mutant(
-        "slow-node-never-named", "a slow node's ranks are named", "refddp/stragglers.py",
+        "slow-node-never-named", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "    return f\"{said} ({'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))})\"",
         "    return said",
         ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",
@@ -1504,7 +1504,7 @@ MUTANTS = (
         (f"{T_RANK_LISTS}::test_the_failing_rank_is_shown_in_full_whatever_its_number",),
     ),
     Mutant(
-        "slow-node-streak-on-the-slowest-rank", "a slow node's ranks are named", "refddp/stragglers.py",
+        "slow-node-streak-on-the-slowest-rank", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "        key = slowest // self.ranks_per_node if self.ranks_per_node else slowest",
         "        key = slowest",
         ("tests/unit/test_watching_a_run.py::test_a_slow_node_stays_named_while_its_very_slowest_rank_changes",),
@@ -1809,7 +1809,7 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_skips_continue_across_a_resume_and_reach_the_trackers",),
     ),
     Mutant(
-        "skips-not-in-history", "skips on the record", "refddp/trackers/jsonl.py",
+        "skips-not-in-history", "skips on the record", "refddp/training/trackers/jsonl.py",
         '        self.record({"step": step, "skipped": cause, "skipped_steps": total})',
         "        pass",
         (f"{T_SKIPPED_STEPS}::test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record",),

@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-from refddp import checkpoint as ckpt
-from refddp.config import TrainConfig
-from refddp.models import build_model
+from refddp.checkpoints import loading as ckpt
+from refddp.config.schema import TrainConfig
 from refddp.train import main
+from refddp.workload.models import build_model
 from tests.cli_runs import REPO
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from refddp import checkpoint as ckpt
-from refddp import checkpoint_formats
-from refddp.config import TrainConfig
-from refddp.models import build_model
+from refddp.checkpoints import formats as checkpoint_formats
+from refddp.checkpoints import loading as ckpt
+from refddp.config.schema import TrainConfig
+from refddp.workload.models import build_model
 
 
 def state(value: float = 1.0) -> dict:
@@ -229,7 +229,7 @@ def test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept(tmp_path):
 
 
 def test_a_state_without_gpu_tensors_is_written_as_it_is():
-    from refddp.checkpoint_full import on_cpu
+    from refddp.checkpoints.full import on_cpu
 
     model_state = nn.BatchNorm1d(2).state_dict()  # an OrderedDict with _metadata
     whole = {**state(), "model_state_dict": model_state, "rng": [torch.ones(1), (1, 2)]}

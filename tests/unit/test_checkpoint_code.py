@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from refddp.config import TrainConfig
-from refddp.models import build_model
+from refddp.config.schema import TrainConfig
+from refddp.workload.models import build_model
 from tests.cli_runs import run, train_command
 
 PLANTED = '''
@@ -15,7 +15,7 @@ pathlib.Path(__file__).with_name("IMPORTED").write_text("code ran")
 print("planted module imported")
 
 def net(config):
-    from refddp.models import MLP
+    from refddp.workload.models import MLP
     return MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
 '''
 SPEC = "planted_module:net"

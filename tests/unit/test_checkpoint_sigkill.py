@@ -11,15 +11,15 @@ import textwrap
 
 import torch
 
-from refddp import checkpoint as ckpt
-from refddp.config import TrainConfig
+from refddp.checkpoints import loading as ckpt
+from refddp.config.schema import TrainConfig
 
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
     import torch
-    from refddp import checkpoint as ckpt
-    from refddp.config import TrainConfig
+    from refddp.checkpoints import loading as ckpt
+    from refddp.config.schema import TrainConfig
 
     def state(value):
         return {"model_state_dict": {"w": torch.full((1 << 20,), value)},

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from refddp.config import (
+from refddp.config.schema import (
     FIELDS,
     ConfigError,
     TrainConfig,
@@ -116,6 +116,6 @@ def test_fields_table_matches_the_dataclass():
     ],
 )
 def test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel(flags, device, fused):
-    from refddp.trainer import fuses_on_cuda
+    from refddp.training.trainer import fuses_on_cuda
 
     assert fuses_on_cuda(TrainConfig(**flags), torch.device(device)) is fused

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from refddp import checkpoint_dcp, convert_checkpoint
-from refddp.checkpoint import CheckpointError, RunFileError, load_full_checkpoint
+from refddp import convert_checkpoint
+from refddp.checkpoints import dcp as checkpoint_dcp
+from refddp.checkpoints.loading import CheckpointError, RunFileError, load_full_checkpoint
 
 # dcp.save in this process alone: its no_dist option is torch >= 2.6; before, it saves alone
 # whenever no process group is up, as here.

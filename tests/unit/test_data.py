@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
-from refddp.config import ConfigError, TrainConfig
-from refddp.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.workload.data import GlobalBatchSampler, ShardSampler, build_datasets, make_loader
 
 
 class Sized:

@@ -9,7 +9,7 @@ from refddp.config_reference import reference_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
-# A path from the repository's root (`refddp/trainer.py`, `tests/gpu`, `examples/slurm/`), or
+# A path from the repository's root (`refddp/training/trainer.py`, `tests/gpu`, `examples/slurm/`), or
 # from tests/ as the docs' test columns write them (`unit/test_x.py`), or a bare `test_x.py`;
 # then maybe `::name` (a test, function or class; `name*` is any name it begins). A path
 # inside a longer one (`/tmp/userproj/tests/test_cause.py` in a pasted report) is not cited.

@@ -1,4 +1,4 @@
-"""refddp.dist.end_process: how every rank process ends (issue 15: no SIGABRT after a run)."""
+"""refddp.launch.dist.end_process: how every rank process ends (issue 15: no SIGABRT after a run)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from tests.cli_runs import REPO
 
 SCRIPT = """
 import atexit, sys, torch, torch.distributed as dist
-from refddp.dist import end_process
+from refddp.launch.dist import end_process
 
 def main():
     atexit.register(lambda: print("exit handlers ran"))
@@ -44,7 +44,7 @@ def test_end_process_runs_exit_handlers_flushes_and_keeps_the_exit_code(ending, 
 
 GROUP_FREED = """
 import gc, torch, torch.distributed as dist
-import refddp.dist  # what refddp's ranks import before they create a group
+import refddp.launch.dist  # what refddp's ranks import before they create a group
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))  # imports torch._dynamo
@@ -61,7 +61,7 @@ print([t for t in native_thread_names() if "gloo" in t])
 def test_destroying_the_group_after_ddp_stops_gloo_threads():
     """DDP imports torch.distributed.nn.functional after init_process_group; that module binds
     group.WORLD as a default argument, so the group and its threads would outlive
-    destroy_process_group. refddp.dist imports it before any group exists."""
+    destroy_process_group. refddp.launch.dist imports it before any group exists."""
     done = subprocess.run([sys.executable, "-c", GROUP_FREED], cwd=REPO, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -70,7 +70,7 @@ def test_destroying_the_group_after_ddp_stops_gloo_threads():
 
 def test_teardown_logs_instead_of_raising_when_leaving_the_group_fails(monkeypatch, caplog):
     """teardown runs in ``finally``: its own error must not replace the run's."""
-    import refddp.dist as rd
+    import refddp.launch.dist as rd
 
     def fail():
         raise RuntimeError("NCCL communicator was aborted")
@@ -88,7 +88,7 @@ def test_teardown_frees_the_run_before_it_leaves_the_group(monkeypatch):
     """A DDP reducer holding the last reference to a destroyed group can deadlock the exit
     (``dist._free_the_run``): teardown frees what holds it, in a failing rank's frames or in
     reference cycles, before it destroys the group."""
-    import refddp.dist as rd
+    import refddp.launch.dist as rd
 
     events = []
 

@@ -15,14 +15,15 @@ import socket
 import pytest
 import torch
 
-from refddp import checkpoint as ckpt
-from refddp import export, run_state
-from refddp.config import TrainConfig
-from refddp.dist import DistContext
-from refddp.models import build_model
-from refddp.parallel import build_parallel
-from refddp.schedule import Schedule
-from refddp.trainer import build_optimizer
+from refddp import export
+from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints import run_state
+from refddp.config.schema import TrainConfig
+from refddp.launch.dist import DistContext
+from refddp.training.parallel import build_parallel
+from refddp.training.schedule import Schedule
+from refddp.training.trainer import build_optimizer
+from refddp.workload.models import build_model
 
 pytest.importorskip("safetensors", reason="the export extra: pip install 'refddp[export]'")
 from safetensors import safe_open  # noqa: E402

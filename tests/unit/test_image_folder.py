@@ -1,4 +1,4 @@
-"""``data: DIR`` (``refddp/image_folder.py``): a folder of class subfolders of images, read
+"""``data: DIR`` (``refddp/workload/image_folder.py``): a folder of class subfolders of images, read
 from real PNG files; every problem with the folder is one line naming it."""
 
 import os
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from examples.make_image_folder import CLASSES, write
-from refddp.config import ConfigError, TrainConfig
-from refddp.data import SeededFetch, build_datasets
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.workload.data import SeededFetch, build_datasets
 
 
 def _torchvision_imports() -> bool:

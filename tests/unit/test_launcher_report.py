@@ -1,4 +1,4 @@
-"""The launcher's one-line account of failed ranks (``refddp.launch._report_failure``).
+"""The launcher's one-line account of failed ranks (``refddp.launch.torchrun._report_failure``).
 
 torch's agent ends every rank as soon as one exits non-zero, so ranks that stopped together
 reach the launcher as a mix of exit codes and SIGTERMs; what the ranks recorded, not how they
@@ -13,7 +13,7 @@ import signal
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from refddp import launch
+from refddp.launch import torchrun as launch
 
 STOP = "step 8: non-finite loss on 1 of 2 rank(s); stopping every rank (on_nonfinite=stop)"
 

@@ -1,10 +1,10 @@
-"""A collective that lost its peer names the node (``refddp.dist.lost_peer``): gloo's message
+"""A collective that lost its peer names the node (``refddp.launch.dist.lost_peer``): gloo's message
 names only an address; the host name comes from /etc/hosts, never from DNS."""
 
 import pytest
 
-from refddp import dist as refddp_dist
-from refddp.dist import lost_peer
+from refddp.launch import dist as refddp_dist
+from refddp.launch.dist import lost_peer
 
 GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[{}]:5279. This is typically caused by a remote worker crashing.")  # fmt: skip

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from refddp.config import ConfigError, TrainConfig
-from refddp.models import build_model
-from refddp.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.training.sync_batchnorm import GlobalBatchNorm, convert_sync_batchnorm
+from refddp.workload.models import build_model
 
 
 def test_built_in_models_map_inputs_to_class_logits():

@@ -1,6 +1,6 @@
-"""The doctor's network checks that need no cluster (``refddp/network_checks.py``)."""
+"""The doctor's network checks that need no cluster (``refddp/launch/network_checks.py``)."""
 
-from refddp.network_checks import duplicate_host_names, gloo_interface, interfaces
+from refddp.launch.network_checks import duplicate_host_names, gloo_interface, interfaces
 
 
 def test_nodes_sharing_a_host_name_are_named_and_ranks_of_one_node_are_not():

@@ -33,8 +33,8 @@ def test_the_check_catches_the_progress_bar_barrier(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("""
 import torch.distributed as dist
-from refddp.dist import agree_any, rank0_then_meet
-from refddp.trainer import Trainer
+from refddp.launch.dist import agree_any, rank0_then_meet
+from refddp.training.trainer import Trainer
 
 
 def epoch_end(bar, ctx, trainer: Trainer):
@@ -62,7 +62,7 @@ def epoch_end(bar, ctx, trainer: Trainer):
 
 # Code that runs on rank 0 alone (the trackers), or on each rank at its own pace (the
 # profiler): no collective anywhere in it, not only under a rank check.
-RANK_ALONE = ("trackers", "profiler.py")
+RANK_ALONE = ("training/trackers", "training/profiler.py")
 
 
 def issuing(modules: list[Path], analysis) -> dict[str, str]:
@@ -79,7 +79,7 @@ def test_trackers_and_the_profiler_issue_no_collective_at_all(tmp_path):
     assert len(paths) >= 5, paths  # the package's modules and profiler.py
     assert issuing(paths, refddp_analysed()[0]) == {}
     tracker = tmp_path / "tracker.py"
-    tracker.write_text("import torch.distributed as dist\nfrom refddp.dist import agree_any\n\n\n"
+    tracker.write_text("import torch.distributed as dist\nfrom refddp.launch.dist import agree_any\n\n\n"
                        "class Tracker:\n    def record(self, r):\n        self.flush(r)\n\n"
                        "    def flush(self, r):\n        agree_any(r)\n")  # fmt: skip
     assert issuing([tracker], analyse(load([str(PACKAGE), str(tracker)]))) == {

@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from refddp.config import ConfigError
-from refddp.objectives.batches import batch_size, model_inputs, targets_of, to_device
-from refddp.objectives.cross_entropy import CrossEntropy
-from refddp.objectives.model_loss import ModelLoss
-from refddp.objectives.user_loss import UserLoss
-from refddp.objectives.user_metrics import UserMetrics
+from refddp.config.schema import ConfigError
+from refddp.workload.objectives.batches import batch_size, model_inputs, targets_of, to_device
+from refddp.workload.objectives.cross_entropy import CrossEntropy
+from refddp.workload.objectives.model_loss import ModelLoss
+from refddp.workload.objectives.user_loss import UserLoss
+from refddp.workload.objectives.user_metrics import UserMetrics
 from tests import sequence_code
 
 
@@ -49,9 +49,9 @@ def test_built_in_data_without_ignored_targets_counts_them_on_the_host_and_with_
     """refddp's tensor data says whether any label is -100 (``every_target_scored``); the
     objective built on it then counts a batch's targets as their number, with no device op
     per step, or counts the scored ones."""
-    from refddp.config import TrainConfig
-    from refddp.data import TensorPairDataset
-    from refddp.objectives import build_objective
+    from refddp.config.schema import TrainConfig
+    from refddp.workload.data import TensorPairDataset
+    from refddp.workload.objectives import build_objective
 
     c = TrainConfig(input_dim=3, num_classes=4, batch_size=4)
     model = nn.Linear(3, 4)
@@ -70,13 +70,13 @@ def test_built_in_data_without_ignored_targets_counts_them_on_the_host_and_with_
 
 
 def config(**overrides):
-    from refddp.config import TrainConfig
+    from refddp.config.schema import TrainConfig
 
     return TrainConfig(**{**sequence_code.GPT2_RUN, "dtype": "float32", **overrides})
 
 
 def first_batch(c):
-    from refddp.objectives.batches import first_batch
+    from refddp.workload.objectives.batches import first_batch
 
     return first_batch(sequence_code.causal_sequences(c)[0], 6)
 

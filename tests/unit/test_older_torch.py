@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from refddp import dist as refddp_dist
-from refddp.checkpoint import load_full_checkpoint
+from refddp.checkpoints.loading import load_full_checkpoint
+from refddp.launch import dist as refddp_dist
 from tests.unit.test_convert_checkpoint import a_dcp_checkpoint
 
 

@@ -112,8 +112,8 @@ def test_every_private_name_refddp_uses_is_listed_with_its_reason():
 def test_the_scan_finds_reads_string_lookups_and_overrides():
     # What the scan must see, so that the test above cannot pass by seeing nothing.
     used = private_names()
-    assert "refddp/profiler.py" in used["_dump_snapshot"]  # an attribute
-    assert "refddp/dist.py" in used["_pg_registry"]  # a getattr string
-    assert "refddp/launch.py" in used["_create_tcp_store_server"]  # an override
-    assert "refddp/sync_batchnorm.py" in used["_check_input_dim"]  # an override of a torch hook
+    assert "refddp/training/profiler.py" in used["_dump_snapshot"]  # an attribute
+    assert "refddp/launch/dist.py" in used["_pg_registry"]  # a getattr string
+    assert "refddp/launch/torchrun.py" in used["_create_tcp_store_server"]  # an override
+    assert "refddp/training/sync_batchnorm.py" in used["_check_input_dim"]  # an override of a torch hook
     assert "_run_on_ranks" not in used  # refddp's own

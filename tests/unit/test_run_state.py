@@ -1,10 +1,10 @@
-"""The run-state rules of refddp/run_state.py: what a resumed run may change, and its batch."""
+"""The run-state rules of refddp/checkpoints/run_state.py: what a resumed run may change, and its batch."""
 
 import pytest
 
-from refddp import run_state
-from refddp.checkpoint import CheckpointError
-from refddp.config import FIELDS, TrainConfig
+from refddp.checkpoints import run_state
+from refddp.checkpoints.loading import CheckpointError
+from refddp.config.schema import FIELDS, TrainConfig
 
 
 def saved(**config):
@@ -13,7 +13,7 @@ def saved(**config):
 
 
 def test_every_field_declares_its_policy_and_the_tables_derive_from_it():
-    import refddp.config as config
+    import refddp.config.schema as config
 
     policies = {name: f.metadata["resume"] for name, f in FIELDS.items()}
     assert set(policies.values()) == {config.APPLIED, config.REFUSED, config.DERIVED, None}

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from refddp.config import TrainConfig
-from refddp.schedule import Schedule, lr_factor
+from refddp.config.schema import TrainConfig
+from refddp.training.schedule import Schedule, lr_factor
 
 
 def test_warmup_is_linear_then_cosine_reaches_zero_at_the_last_step():

@@ -1,4 +1,4 @@
-"""refddp/skips.py on its own: the buffers a skipped step puts back (those a forward assigns
+"""refddp/training/skips.py on its own: the buffers a skipped step puts back (those a forward assigns
 anew included), and what GradScaler does after a skipped step (backs off for an fp16 overflow,
 for nothing else)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from refddp.skips import BufferSnapshot, end_scaler_iteration
+from refddp.training.skips import BufferSnapshot, end_scaler_iteration
 
 
 class Ema(nn.Module):

@@ -1,4 +1,4 @@
-"""SLURM's environment read as a job's layout (``refddp/slurm.py``), without SLURM: which
+"""SLURM's environment read as a job's layout (``refddp/launch/slurm.py``), without SLURM: which
 processes are srun ranks, where they meet, and that they form one job. ``tests/slurm/``
 proves the same against a real SLURM."""
 
@@ -10,9 +10,10 @@ import signal
 import pytest
 import torch
 
-from refddp import slurm, train
-from refddp.config import ConfigError, TrainConfig
-from refddp.data import make_loader
+from refddp import train
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.launch import slurm
+from refddp.workload.data import make_loader
 
 # What srun sets in the task with SLURM_PROCID 1 of a 4-task step (2 per node) of job 4242.
 STEP = {

@@ -6,7 +6,8 @@ import signal
 
 import torch
 
-from refddp.step_agreement import StepAgreement, StopRequest, decode
+from refddp.launch.stop_signals import StopRequest
+from refddp.training.step_agreement import StepAgreement, decode
 
 
 def test_one_process_reads_back_its_count_last_loss_and_stop_signal():

@@ -1,12 +1,12 @@
 """The declared torch range and the one-line refusal of a feature this torch is too old for
-(``refddp/torch_support.py``)."""
+(``refddp/config/torch_support.py``)."""
 
 import pytest
 import torch
 import torch.distributed.fsdp
 
-from refddp import torch_support
-from refddp.config import ConfigError, TrainConfig, validate
+from refddp.config import torch_support
+from refddp.config.schema import ConfigError, TrainConfig, validate
 
 
 def test_the_version_is_read_as_major_and_minor(monkeypatch):

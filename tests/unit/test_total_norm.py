@@ -1,4 +1,4 @@
-"""``refddp.parallel.total_norm``: the gradient's norm that decides whether a step is applied,
+"""``refddp.training.parallel.total_norm``: the gradient's norm that decides whether a step is applied,
 computed as ``clip_grad_norm_`` computes it, on a torch with ``nn.utils.get_total_norm`` and on
 one without (torch < 2.6), where a norm of the per-tensor norms stands in."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from refddp import parallel
+from refddp.training import parallel
 
 
 @pytest.mark.parametrize("has_get_total_norm", [True, False])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import faulthandler
 import threading
 
-from refddp.watchdog import HangWatchdog
+from refddp.training.watchdog import HangWatchdog
 
 
 def test_steps_never_touch_the_timer_and_the_helper_rearms_it_for_the_last_progress(

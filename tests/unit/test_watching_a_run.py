@@ -4,8 +4,8 @@
 import pytest
 import yaml
 
-from refddp.config import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
-from refddp.stragglers import (
+from refddp.config.schema import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
+from refddp.training.stragglers import (
     LAG_SHARE,
     PERSISTENT,
     StragglerWatch,
@@ -13,7 +13,7 @@ from refddp.stragglers import (
     straggler_fields,
     whose,
 )
-from refddp.trackers.base import Run, Tracker, Trackers, record_scalars
+from refddp.training.trackers.base import Run, Tracker, Trackers, record_scalars
 from tests.cli_runs import run, train_command
 from tests.tracker_files import board_events, board_wall_times, history, tensorboard_scalars
 
@@ -116,7 +116,7 @@ def test_the_slowest_rank_is_the_one_with_most_compute_and_data_wait_per_step():
 
 def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    from refddp.trackers import tensorboard
+    from refddp.training.trackers import tensorboard
 
     board = tensorboard.TensorBoard(Run(str(tmp_path), {}, 0, resumed=False))
     for step in range(1, tensorboard.PENDING):
@@ -156,8 +156,8 @@ def test_tensorboard_gets_each_logged_step_as_one_event_in_batches(tmp_path, mon
 
 def test_a_fresh_run_in_a_used_directory_has_only_its_own_history_and_curves(tmp_path):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    from refddp.trackers.jsonl import History
-    from refddp.trackers.tensorboard import TensorBoard
+    from refddp.training.trackers.jsonl import History
+    from refddp.training.trackers.tensorboard import TensorBoard
 
     def invocation(start_step: int, resumed: bool, losses: dict[int, float]) -> None:
         run_info = Run(str(tmp_path), {}, start_step, resumed=resumed)

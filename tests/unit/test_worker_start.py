@@ -1,4 +1,4 @@
-"""How loader workers start (refddp/data.py ``worker_start_method``).
+"""How loader workers start (refddp/workload/data.py ``worker_start_method``).
 
 On Pythons with CPython gh-112275 a worker forked from a rank can deadlock before it runs a
 line (a rank's gloo threads create Python thread states as they release finished collectives;
@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, SequentialSampler
 
-from refddp import data
-from refddp.config import TrainConfig
+from refddp.config.schema import TrainConfig
+from refddp.workload import data
 
 
 class ParentPid(Dataset):
@@ -92,7 +92,7 @@ def test_a_dataset_workers_cannot_get_from_a_forkserver_loads_through_forked_one
     monkeypatch, caplog, dataset
 ):
     monkeypatch.setattr(data, "fork_can_deadlock", lambda: True)
-    with caplog.at_level(logging.WARNING, logger="refddp.data"):
+    with caplog.at_level(logging.WARNING, logger="refddp.workload.data"):
         assert parents(dataset()) == {os.getpid()}
         assert parents(dataset()) == {os.getpid()}  # a later loader (an evaluation's) too
     assert caplog.text.count("loader workers fork: they could not start from a forkserver") == 1

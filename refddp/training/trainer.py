@@ -1,0 +1,572 @@
+"""The training loop, one rank's view, with its checkpoints and resume.
+
+Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
+contains a collective; anything every rank must agree on goes through one collective that
+every rank reaches (``StepAgreement``, ``rank0_then_meet``, the metric all-reduce). What a
+checkpoint holds and how it is restored lives in ``run_state.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from refddp.checkpoints import formats as checkpoint_formats
+from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints import run_state
+from refddp.config.schema import (
+    ConfigError,
+    TrainConfig,
+    has_fused_kernel,
+    list_items,
+    per_rank_batch_size,
+    save_yaml,
+)
+from refddp.launch.dist import DistContext, rank0_then_meet
+from refddp.launch.error_file import AGREED_STOP, record_error
+from refddp.launch.stop_signals import StopRequest
+from refddp.training import skips, trackers
+from refddp.training.evaluation import agreed_objective, autocast, evaluate
+from refddp.training.metrics import model_flops_utilisation, peak_memory_mb
+from refddp.training.parallel import build_parallel
+from refddp.training.profiler import StepProfiler
+from refddp.training.schedule import Schedule
+from refddp.training.skips import BufferSnapshot, spread_nonfinite
+from refddp.training.step_agreement import (
+    LateLoss,
+    NonFiniteStep,
+    StepAgreement,
+    ranks_with_nonfinite_loss,
+)
+from refddp.training.stragglers import (
+    StragglerWatch,
+    ranks_per_node,
+    straggler_fields,
+    times_vector,
+)
+from refddp.training.sync_batchnorm import convert_sync_batchnorm
+from refddp.training.trackers.base import Run, Trackers
+from refddp.training.watchdog import HangWatchdog
+from refddp.training.window import Window
+from refddp.workload.data import GlobalBatchSampler, build_datasets, make_loader
+from refddp.workload.models import build_model, count_parameters
+from refddp.workload.objectives.batches import to_device
+
+log = logging.getLogger("refddp")
+
+
+def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """``fused``: torch's one-kernel-a-step implementation (``fuses_on_cuda``)."""
+    if c.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
+                               weight_decay=c.weight_decay, fused=fused or None)  # fmt: skip
+    return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay,
+                             fused=fused or None)  # fmt: skip
+
+
+def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
+    """Whether the optimizer is built fused: on CUDA, one kernel a step instead of a few per
+    parameter group (the CPU keeps torch's default). Not SGD under FSDP (torch has no fused
+    SGD for sharded parameters), nor under amp fp16, where a fused SGD once created its
+    momentum buffer uninitialised on an overflowing first step; kept unfused until a GPU
+    shows it right (docs/known-limitations.md)."""
+    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
+    return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def describe_record(record: dict[str, Any], sequence: bool) -> str:
+    """An evaluation's log line: the losses, the validation metrics that apply, throughput."""
+    parts = [f"train_loss {record['train_loss']:.4f}", f"val_loss {record['val_loss']:.4f}"]
+    names = {"val_perplexity": "val_ppl"}
+    parts += [f"{names.get(k, k)} {v:.4f}" for k, v in record.items()
+              if k.startswith("val_") and k != "val_loss" and isinstance(v, float)]  # fmt: skip
+    if sequence:
+        parts.append(f"{record['targets_per_s']:.0f} tokens/s ({record['samples_per_s']:.0f} "
+                     "samples/s)")  # fmt: skip
+    else:
+        parts.append(f"{record['samples_per_s']:.0f} samples/s")
+    return " ".join(parts)
+
+
+def prepare_run_dir(c: TrainConfig) -> None:
+    path = os.path.join(c.out, "config.yaml")
+    with ckpt.writing(path):
+        os.makedirs(c.out, exist_ok=True)
+        save_yaml(c, path)
+
+
+class Trainer:
+    """One rank's training run; ``fit()`` is the loop."""
+
+    def __init__(self, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None = None):
+        self.c, self.ctx, self.watchdog = c, ctx, watchdog
+        self.device = torch.device(ctx.device)
+        rank0_then_meet(lambda: prepare_run_dir(c))
+        self.model = build_model(c).to(self.device)
+        self.train_set, self.val_set = build_datasets(c)
+        self.objective = agreed_objective(c, self.model, self.train_set, ctx)
+        if c.sync_bn:  # batch statistics over the global batch: refddp/training/sync_batchnorm.py
+            self.model = convert_sync_batchnorm(self.model)
+        self.batch_size = per_rank_batch_size(c, ctx.world_size)
+        self.global_batch = self.batch_size * ctx.world_size * c.grad_accum
+        self.loader: Any = None  # the training loader (epoch_batches)
+        self.sampler = GlobalBatchSampler(
+            self.train_set, ctx.world_size, ctx.rank, self.global_batch, c.seed
+        )
+        if self.sampler.steps_per_epoch == 0:
+            raise ConfigError(
+                f"data: {len(self.train_set)} training samples do not fill one global batch of "
+                f"{self.global_batch} (batch_size x world size x grad_accum)"
+            )
+        # A user dataset that differs between ranks would desynchronise the step count: refuse.
+        low, high = -self.sampler.steps_per_epoch, self.sampler.steps_per_epoch
+        extremes = torch.tensor([low, high], dtype=torch.float64, device=self.device)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        if -extremes[0].item() != extremes[1].item():
+            raise ConfigError(
+                f"data: ranks see different training set sizes ({int(-extremes[0])} to "
+                f"{int(extremes[1])} steps per epoch); every rank must load the same dataset"
+            )
+        epoch_steps = c.epochs * self.sampler.steps_per_epoch
+        self.total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
+        if c.init_from:  # weights only, read by rank 0: the wrapper below gives them to all
+            rank0_then_meet(lambda: ckpt.load_model_weights(
+                self.model, ckpt.load_checkpoint(c.init_from), c.init_from))  # fmt: skip
+        # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
+        self.parallel = build_parallel(self.model, c, ctx)
+        self.forward = self.parallel.module
+        fused = fuses_on_cuda(c, self.device)
+        self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
+        self.before_step = BufferSnapshot(self.model)  # put back when a step is skipped
+        # Once per invocation, before its first step (``settle_ddp_buckets``).
+        self.bucket_layout_pending = self.parallel.first_backward_rebuilds
+        self.schedule = Schedule(self.optimizer, c, self.total_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=c.amp == "fp16")
+        self.scaling = self.scaler.is_enabled()
+        # A micro-batch's loss (forward, then the objective), under AMP's autocast when it is
+        # on: one context, made once and entered once per micro-batch (never nested: it is
+        # not re-entrant; evaluation makes its own).
+        self.micro_loss = self.objective.batch_loss
+        if c.amp != "off":
+            self.micro_loss = autocast(c, self.device)(self.micro_loss)
+        self.moves_batches = self.device.type != "cpu"
+        self.parts = run_state.RunParts(self.parallel, self.optimizer, self.schedule, self.scaler)
+        self.pos = run_state.Position()
+        self.stop = StopRequest()
+        self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
+        self.agreement = StepAgreement(self.stop, self.device, ctx.world_size)
+        self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
+        self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
+        self.resumed_from = self._resume()
+        self.window = self.open_window(self.pos.window)
+        # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
+        # other ranks hold none, so the calls below need no rank check.
+        run = Run(c.out, c.to_dict(), self.pos.step, resumed=bool(self.resumed_from))
+        self.trackers = rank0_then_meet(lambda: Trackers.open(list_items(c.log_to), run))
+        self.trackers = self.trackers or Trackers()
+        # Every rank alike (the step's agreement carries a logged step's loss): the per-step
+        # loss goes to any tracker named besides history.jsonl, which takes evaluations and skips.
+        logs_steps = any(name != trackers.ALWAYS for name in list_items(c.log_to))
+        self.late_loss = LateLoss(self.trackers, c.log_every if logs_steps else 0)
+        self.stragglers = StragglerWatch(ranks_per_node(ctx.world_size))  # a slow node named
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _resume(self) -> str | None:
+        """Every rank continues from rank 0's checkpoint (with ``--out`` on node-local disks the
+        others may have none), or from ``init_from``'s weights, or from scratch."""
+        c, ctx = self.c, self.ctx
+        mine = ckpt.load_resume_checkpoint(c)
+        found: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(found, mine and (mine[0], mine[1]["step"]))
+        if any(f is not None and (found[0] is None or f[1] != found[0][1]) for f in found[1:]):
+            seen = "; ".join(
+                f"rank {r}: " + (f"step {f[1]} in {f[0]}" if f else f"none in {c.out}")
+                for r, f in enumerate(found)
+            )
+            raise ckpt.CheckpointError(
+                f"resume: ranks found different checkpoints ({seen}); every rank resumes from "
+                "rank 0's: give rank 0 the checkpoint (a shared --out, or --resume PATH)"
+            )
+        shared = [mine if ctx.is_main else None]
+        if found[0] is not None and ctx.world_size > 1:
+            dist.broadcast_object_list(shared, src=0)
+        if shared[0] is None:
+            if c.init_from:
+                log.info("initialised from the weights of %s", c.init_from)
+            return None
+        path, state = shared[0]
+        self.pos = run_state.restore(state, path, self.parts, c, ctx.rank, ctx.world_size,
+                                self.global_batch, self.sampler.steps_per_epoch)  # fmt: skip
+        log.info("resumed from %s at epoch %d, step %d", path, self.epoch, self.pos.step)
+        return path
+
+    def save(self, is_best: bool = False) -> int:
+        """Every rank sends its RNG state and loss window; rank 0 writes; all meet.
+
+        Returns the stop signal any rank has received by then (0: none): a save, however long,
+        is a point where a stop request is honoured.
+        """
+        if self.model_has_buffers:
+            sync_buffers(self.model)
+        per_rank: list[Any] = [None] * self.ctx.world_size
+        mine = {"rng": ckpt.rng_state(), "loss": self.window.local_loss()}
+        dist.all_gather_object(per_rank, mine)
+        self.pos.window = self.window.saved()
+        fmt = checkpoint_formats.named(self.c.ckpt_format)  # full: rank 0 writes; dcp: all
+        self.trackers.flush()  # what they logged up to here survives a kill: resume goes on
+        state = run_state.build_state(self.parts, self.pos, self.c, self.global_batch,
+                                      self.sampler.steps_per_epoch, per_rank,
+                                      tensors=fmt.GATHERS_TENSORS)  # fmt: skip
+        fmt.write(state, self.parts, self.c.out, is_best)
+        if self.watchdog:
+            self.watchdog.progress()
+        return self.settle()
+
+    @property
+    def model_has_buffers(self) -> bool:
+        return any(True for _ in self.model.buffers())
+
+    @property
+    def epoch(self) -> int:
+        return self.pos.step // self.sampler.steps_per_epoch
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def evaluate_and_record(self) -> tuple[bool, bool]:
+        """Evaluate, log, append to history: (best validation loss so far?, interrupted?).
+
+        A stop request on any rank interrupts the evaluation; nothing is then recorded.
+        """
+        w = self.window
+        elapsed = max(w.elapsed(), 1e-9)  # training only
+        if self.model_has_buffers:
+            sync_buffers(self.model)
+        metrics = evaluate(self.model, self.val_set, self.c, self.ctx, self.watchdog,
+                           stop=lambda: self.stop.signal is not None,
+                           objective=self.objective)  # fmt: skip
+        if metrics.pop("interrupted"):
+            return False, True
+        # Each rank's compute and data wait ride along (refddp/training/stragglers.py): no
+        # collective of their own.
+        own_times = times_vector(w, self.ctx.rank, self.ctx.world_size, self.device)
+        train = torch.cat([w.loss_tensor(), own_times])
+        dist.all_reduce(train)  # sums over ranks: the mean over every target trained on
+        loss_sum, loss_targets, *rank_times = train.tolist()
+        record = {
+            "epoch": self.epoch,
+            "step": self.pos.step,
+            "train_loss": loss_sum / loss_targets if loss_targets else math.nan,
+            **{k: v for k, v in metrics.items() if k.startswith("val_")},
+            "samples_per_s": w.samples / elapsed,
+            "targets_per_s": w.targets / elapsed,
+            "step_time_s": elapsed / max(w.steps, 1),
+            "data_wait_share": w.data_wait / elapsed,
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "skipped_steps": self.pos.skipped_steps,
+        }
+        per_s = record["targets_per_s" if self.objective.sequence else "samples_per_s"]
+        mfu = model_flops_utilisation(self.model, self.device, per_s)
+        if mfu is not None:
+            record["mfu"] = mfu
+        behind = straggler_fields(rank_times)
+        record.update(behind)
+        self.pos.metrics = {**record, "num_samples": metrics["num_samples"]}
+        is_best = metrics["val_loss"] < self.pos.best_val_loss
+        if is_best:
+            self.pos.best_val_loss = metrics["val_loss"]
+        rank0_then_meet(lambda: self.trackers.record(record))
+        if self.ctx.is_main:
+            log.info("epoch %d step %d: %s", record["epoch"], record["step"],
+                     describe_record(record, self.objective.sequence))  # fmt: skip
+            warning = self.stragglers.observe(behind)
+            if warning:
+                log.warning("step %d: %s", record["step"], warning)
+        self.window = self.open_window()  # training time starts again (its log line is not)
+        return is_best, False
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def open_window(self, saved: dict[str, Any] | None = None) -> Window:
+        """A new measurement window (``saved``: one a checkpoint carried over)."""
+        return Window.open(self.device, saved)
+
+    def epoch_batches(self) -> Any:
+        """This epoch's batches from the current position on (a resume starts mid-epoch).
+
+        One loader serves the run; each epoch sets its shuffle, its samples' seeds and its
+        workers' seeds, as a loader made for the epoch would have them."""
+        c, ctx, pos = self.c, self.ctx, self.pos
+        self.sampler.set_epoch(self.epoch)  # a new shuffle each epoch, the same on every rank
+        self.sampler.set_start(pos.step % self.sampler.steps_per_epoch * self.global_batch)
+        loader_seed = c.seed * 100_003 + self.epoch * 1009 + ctx.rank
+        if self.loader is None:
+            pin = self.device.type == "cuda"
+            self.loader = make_loader(self.train_set, self.sampler, self.batch_size, c, pin,
+                                      loader_seed)  # fmt: skip
+        else:
+            self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)
+            self.loader.generator.manual_seed(loader_seed)  # the workers' seeds
+        return iter(self.loader)
+
+    def train_step(self, batches: Any) -> int:
+        """One training step: forward and backward over ``grad_accum`` micro-batches, then the
+        update (clip, step) unless the gradient is non-finite (then ``skip_step``).
+        Returns the stop signal any rank had received when the step began (0: none)."""
+        c, window = self.c, self.window
+        waited = time.perf_counter()
+        micro_batches = [next(batches) for _ in range(c.grad_accum)]
+        window.data_wait += time.perf_counter() - waited
+        if self.bucket_layout_pending:
+            self.settle_ddp_buckets(micro_batches[0])
+        # Counted before any forward, so that the agreement below is in flight while the
+        # forward runs: the loss's normaliser is the global batch's target count.
+        targets = self.host_target_count(micro_batches)
+        # One small all-reduce a step: the global target count, the stop signals, the last
+        # step's loss for the trackers (refddp/training/step_agreement.py).
+        self.agreement.send(targets, self.late_loss.to_send())
+        self.before_step.take()  # the buffers, put back if this step is skipped
+        step_loss = None
+        for micro, batch in enumerate(micro_batches):
+            last = micro == c.grad_accum - 1
+            # Only the last backward all-reduces the gradients; the others accumulate locally.
+            with contextlib.nullcontext() if last else self.parallel.no_sync():
+                with window.computing():
+                    loss = self.micro_loss(self.forward, self.on_device(batch))
+                # world size / the global count (waited for here): the gradient is then the
+                # global batch's mean; NaN where this rank's loss is non-finite, which the
+                # gradient reduction carries to every rank (refddp/training/skips.py).
+                scale = spread_nonfinite(self.loss_scale(loss.total.dtype), loss.total)
+                with window.computing(not (last and self.several)):  # not the wait for others
+                    self.scaler.scale(loss.total * scale).backward()
+            detached = loss.total.detach()
+            step_loss = detached if step_loss is None else step_loss + detached
+        assert step_loss is not None  # grad_accum >= 1
+        # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
+        # holds the same gradient, so every rank finds the same norm and takes the same branch
+        # (FSDP's norm is one all-reduce of the shards' norms).
+        if self.scaling:
+            self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient
+        norm = self.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
+        agreed = self.agreement.read(norm)  # one host read a step: the norm and the agreement
+        self.late_loss.agreed(agreed.previous_loss_sum)  # the step before's, to the trackers
+        step = self.pos.step = self.pos.step + 1
+        self.late_loss.hold(step, step_loss, agreed.targets, self.optimizer.param_groups[0]["lr"])
+        if self.update(step, step_loss, agreed.grad_norm):
+            window.add_loss(step_loss, targets)
+        window.targets += agreed.targets
+        window.samples += self.global_batch
+        window.steps += 1
+        if self.watchdog:
+            self.watchdog.progress()
+        return agreed.signal
+
+    def host_target_count(self, micro_batches: list[Any]) -> int:
+        """This rank's targets in ``micro_batches``, counted where the loader made them (on
+        the host, before they move to the device): no device read."""
+        return sum(int(self.objective.count(batch)) for batch in micro_batches)
+
+    def settle_ddp_buckets(self, batch: Any) -> None:
+        """One backward of a zero loss on ``batch`` before this invocation's first step, so
+        that every step of every run, fresh or resumed, all-reduces its gradient in DDP's
+        rebuilt bucket layout (why: ``Parallel.first_backward_rebuilds``). It leaves nothing
+        behind: its gradient is dropped, the buffers its forward changed are put back, and
+        the random streams it drew from (dropout) are as they were."""
+        started = time.perf_counter()
+        self.before_step.take()
+        on_host = self.device.type == "cpu"  # (the CPU's stream is forked always)
+        with torch.random.fork_rng(devices=[] if on_host else [self.device],
+                                   device_type="cuda" if on_host else self.device.type):
+            loss = self.micro_loss(self.forward, self.on_device(batch))
+            (loss.total * 0).backward()
+        self.model.zero_grad(set_to_none=True)  # (parameters outside the optimizer too)
+        self.before_step.restore()
+        self.bucket_layout_pending = False
+        self.window.exclude(started)  # a start cost, not training
+
+    def on_device(self, batch: Any) -> Any:
+        """``batch`` on this rank's device (on the CPU it is where the loader made it)."""
+        return to_device(batch, self.device) if self.moves_batches else batch
+
+    def loss_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """What a micro-batch's loss sum (of ``dtype``) is multiplied by before its backward:
+        world size / the global batch's target count. DDP averages gradients over ranks, so
+        the gradient applied is then the sum over every target of the global batch divided by
+        their count, at any world size and accumulation split (0 if the batch has no target).
+        In float32 at least, whatever the loss's dtype."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        if self.objective.counts_samples:  # one target a sample: the count is the global batch
+            return self.sample_scale(dtype)
+        count = self.agreement.targets()  # waits for the agreed count (in flight since the start)
+        return torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
+
+    def sample_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """``loss_scale`` where every sample is one target: world size / global batch, made
+        once per dtype (a tensor made from a float each step would be a host-to-device copy,
+        which waits for the device)."""
+        if dtype not in self.sample_scales:
+            self.sample_scales[dtype] = torch.tensor(self.ctx.world_size / self.global_batch,
+                                                     dtype=dtype, device=self.device)  # fmt: skip
+        return self.sample_scales[dtype]
+
+    def update(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
+        """Apply step ``step``'s update unless the gradient's ``norm`` (the same on every rank)
+        is non-finite: then skip it on every rank alike (``skip_step``). True if applied."""
+        applied = math.isfinite(norm)
+        if applied:
+            # Not GradScaler.step, which reads its own overflow check on the host: the norm,
+            # read already, says the gradient is finite.
+            self.optimizer.step()
+            if self.scaling:
+                self.scaler.update()  # GradScaler's growth count
+        self.optimizer.zero_grad(set_to_none=True)
+        if not applied:
+            self.skip_step(step, step_loss, norm)
+            return False
+        self.pos.skipped_in_a_row = 0
+        self.schedule.advance(self.pos.updates)  # the rate of the next update
+        return True
+
+    def skip_step(self, step: int, step_loss: torch.Tensor, norm: float) -> None:
+        """Step ``step`` is not applied (every rank is here alike): the buffers its forward
+        changed are put back, GradScaler backs off for an overflow, the skip is counted and
+        recorded, and the run ends if it trains nothing (refddp/training/skips.py). Only the
+        data position has advanced."""
+        bad = ranks_with_nonfinite_loss(step_loss, self.several)  # a collective: every rank
+        self.before_step.restore()
+        overflow = skips.end_scaler_iteration(self.scaler, bool(bad)) if self.scaling else None
+        pos = self.pos
+        pos.skipped_steps += 1
+        pos.skipped_in_a_row += 1
+        why = skips.cause(bad, self.ctx.world_size, norm, overflow)
+        self.trackers.skipped(step, why, pos.skipped_steps)
+        ends = skips.run_ends(self.c, pos.skipped_in_a_row, overflow)
+        if ends:
+            said = f"step {step}: {why}; stopping every rank ({ends})"
+            recorded = record_error(said, AGREED_STOP)
+            if self.several:  # every rank is here: none exits before all have recorded
+                dist.barrier()
+            raise NonFiniteStep(said, recorded=recorded)
+        if self.ctx.is_main:
+            log.warning("step %d: %s; update skipped on every rank", step, why)
+
+    def settle(self) -> int:
+        """Agree now on what waits for the next step's all-reduce: the last step's loss (for
+        the trackers) and a stop signal received since the step began. Every rank calls it at
+        the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
+        self.agreement.send(0, self.late_loss.to_send())
+        agreed = self.agreement.read()
+        self.late_loss.agreed(agreed.previous_loss_sum)
+        return agreed.signal
+
+    def end_of_step(self, signum: int, steps_this_run: int) -> bool:
+        """Evaluate, save and stop, decided in one place; True when this invocation stops.
+
+        A stop signal defers a due evaluation: the checkpoint marks it pending and the resumed
+        run does it first. ``stop_after`` lets it run, so the stop loses nothing.
+        """
+        c, step = self.c, self.pos.step
+        eval_due = (
+            self.pos.eval_pending
+            or step == self.total_steps
+            or step % self.sampler.steps_per_epoch == 0
+            or bool(c.eval_every and step % c.eval_every == 0)
+        )
+        stop_after = bool(c.stop_after) and steps_this_run >= c.stop_after
+        stop_after = stop_after and step < self.total_steps
+        due = eval_due or stop_after or bool(c.ckpt_every and step % c.ckpt_every == 0)
+        if due or signum:  # the last step's loss and a late stop signal are agreed first
+            signum = self.settle() or signum
+        if not (due or signum):
+            return False
+        is_best, interrupted = False, bool(signum)
+        if eval_due and not interrupted:
+            is_best, interrupted = self.evaluate_and_record()
+        self.pos.eval_pending = eval_due and interrupted
+        saving = time.perf_counter()
+        signum = self.save(is_best)  # every rank learns here of a stop requested anywhere
+        self.window.exclude(saving)  # throughput counts training only
+        if signum:
+            self.stopped_by = signum
+        return bool(signum) or stop_after
+
+    def fit(self) -> dict[str, Any]:
+        with self.stop:
+            try:
+                return self._fit()
+            except BaseException:
+                self.trackers.flush()  # what was logged before the failure stays visible
+                raise
+
+    def _fit(self) -> dict[str, Any]:
+        c, ctx, pos = self.c, self.ctx, self.pos
+        if ctx.is_main:
+            log.info(
+                "training %s (%d parameters) on %d rank(s) [%s, %s], global batch %d "
+                "(%d per rank x %d accumulation), %d steps per epoch, %d steps in all",
+                c.model,
+                count_parameters(self.model),
+                ctx.world_size,
+                ctx.backend,
+                ctx.device,
+                self.global_batch,
+                self.batch_size,
+                c.grad_accum,
+                self.sampler.steps_per_epoch,
+                self.total_steps,
+            )
+            log.info("loss: %s", self.objective.describe())
+        # Created after every rank has passed DDP's construction; updated by rank 0 only.
+        bar = tqdm(total=self.total_steps, initial=pos.step, desc="train", unit="step",
+                   disable=not (c.progress and ctx.is_main), dynamic_ncols=True,
+                   leave=False)  # fmt: skip
+        self.model.train()
+        # A stop interrupted the evaluation due at this step: it runs first.
+        stopping = pos.eval_pending and self.end_of_step(0, 0)
+        profiler = StepProfiler(c.profile, c.out, ctx.rank, self.device) if c.profile else None
+        if profiler is not None:
+            profiler.after_step(pos.step)  # starts now if the window does
+        steps_this_run, batches = 0, None
+        while pos.step < self.total_steps and not stopping:
+            if batches is None:  # the epoch (or this invocation) starts
+                batches = self.epoch_batches()
+            signum = self.train_step(batches)
+            steps_this_run += 1
+            bar.update(1)
+            if pos.step % self.sampler.steps_per_epoch == 0:
+                batches = None  # the epoch is over: its iterator and workers go (the loader stays)
+            stopping = self.end_of_step(signum, steps_this_run)
+            if profiler is not None:  # --profile START:END: refddp/training/profiler.py
+                profiler.after_step(pos.step)
+        del batches
+        bar.close()
+        if profiler is not None:
+            profiler.finish()  # a run that stopped inside the window
+        rank0_then_meet(self.trackers.close)
+        if stopping:
+            why = signal.Signals(self.stopped_by).name if self.stopped_by else "stop_after reached"
+            log.info("stopped at step %d (%s); checkpoint saved, rerun to resume", pos.step, why)
+        return {
+            "step": pos.step,
+            "epoch": self.epoch,
+            "stopped_by": self.stopped_by,
+            "stopped": stopping,
+            "skipped_steps": pos.skipped_steps,
+            "metrics": pos.metrics,
+        }
