@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
-from refddp.testing.fingerprint_check import CollectiveMismatch
+from refddp.testing.checks.fingerprint import CollectiveMismatch
 
 DTYPES = ("float32", "int32", "float64")  # float32 and int32: one size, bytes reinterpreted
 SHAPES = ((2,), (3,), (1, 2), (2, 1), (4,))

@@ -15,7 +15,7 @@ from refddp.checkpoints.loading import unwrap
 from refddp.config.schema import TrainConfig
 from refddp.launch.dist import init_distributed
 from refddp.testing import record_collectives
-from refddp.testing.collectives import process_group_sequence
+from refddp.testing.checks.collectives import process_group_sequence
 from refddp.training.evaluation import evaluate
 from refddp.training.trainer import Trainer
 

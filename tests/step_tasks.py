@@ -25,7 +25,7 @@ HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__
 # (file, function or "" for any)
 NOT_THE_DEVICES = (("/torch/optim/", ""), ("/torch/utils/data/", ""), ("/refddp/workload/data.py", ""),
                    ("/refddp/training/trainer.py", "host_target_count"),
-                   ("/refddp/testing/collectives.py", ""))  # fmt: skip
+                   ("/refddp/testing/checks/collectives.py", ""))  # fmt: skip
 
 
 def local(value: torch.Tensor) -> torch.Tensor:
@@ -189,7 +189,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
     Every skipped step is checked to leave this rank's ``trainer_state`` as it was; a run that
     stops on a non-finite step (``on_nonfinite=stop``) says at which step."""
     from refddp.testing import record_collectives
-    from refddp.testing.collectives import process_group_sequence
+    from refddp.testing.checks.collectives import process_group_sequence
     from refddp.training.step_agreement import NonFiniteStep
     from tests.rank_tasks import SIGNALS
 

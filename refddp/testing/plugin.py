@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
         use_warm_pools()
     # For the rank server alone, as it starts (rank_server.py); pytest too: test modules import
     # it. Not in this process's environment, which every subprocess of a test inherits.
-    from refddp.testing import rank_server
+    from refddp.testing.driver import rank_server
 
     rank_server.preload[:] = ["pytest"] + [
         m for value in config.getoption("dist_preload") for m in value.split(",") if m
@@ -116,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "faults(*faults): inject refddp.testing.faults (kill, error, hang, exit, delay; "
+        "faults(*faults): inject refddp.testing.rank.faults (kill, error, hang, exit, delay; "
         "kill_node, cut_node) into a rank-side test",
     )
 
@@ -138,10 +138,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _stop_pools_and_leases() -> None:
     # Only a session that ran a distributed test has imported these (and torch with them).
-    pools = sys.modules.get("refddp.testing.warm_pools")
+    pools = sys.modules.get("refddp.testing.driver.warm_pools")
     if pools is not None:
         pools.shutdown_pools()
-    gpus = sys.modules.get("refddp.testing.gpus")
+    gpus = sys.modules.get("refddp.testing.driver.gpus")
     if gpus is not None:
         gpus.release_devices()
 
@@ -257,9 +257,9 @@ def _run_on_ranks(
     if refused:  # the one line, not a failure deep inside torch
         pytest.fail(f"refddp.testing: {refused}", pytrace=False)
     from refddp.testing.context import RankSkipped
-    from refddp.testing.gpus import gpu_skip_reason, lease_devices, release_devices
-    from refddp.testing.nodes import layout
-    from refddp.testing.warm_pools import PoolKey, close_pool, run_on_pool
+    from refddp.testing.driver.gpus import gpu_skip_reason, lease_devices, release_devices
+    from refddp.testing.driver.warm_pools import PoolKey, close_pool, run_on_pool
+    from refddp.testing.nodes.simulated import layout
 
     gpu = item.get_closest_marker("gpu") is not None
     backend = backend or ("nccl" if gpu else "gloo")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refddp.testing.unittest_case import DistributedTestCase
+from refddp.testing.driver.unittest_case import DistributedTestCase
 
 SWAP = "refddp.testing.torch_suites:use_warm_pools"
 DEFAULT_WORLD_SIZE = 4  # MultiProcessTestCase's

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import refddp
 from refddp.checkpoints import dcp as checkpoint_dcp
-from refddp.testing.gpus import gpu_skip_reason
+from refddp.testing.driver.gpus import gpu_skip_reason
 from tests.cli_runs import REPO
 from tests.rank_tasks import (
     fit_on_gpu_counting_host_syncs,

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from refddp.launch.stop_signals import StopRequest
 from refddp.testing import RankTimeout
+from refddp.testing.driver.reports import why_no_stack
 from refddp.testing.protocol import STACK_SIGNAL
-from refddp.testing.reports import why_no_stack
 
 DEADLINE = 3  # both ranks blocked for good: only the deadline ends these tests
 

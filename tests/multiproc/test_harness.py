@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from refddp.testing import RankFailure, RankTimeout, record_collectives
-from refddp.testing.warm_pools import PoolKey, _pools
+from refddp.testing.driver.warm_pools import PoolKey, _pools
 
 GENEROUS_DEADLINE = 120.0  # the failure tests must finish far sooner than this
 
@@ -339,7 +339,7 @@ def test_pools_are_keyed_by_world_size(spawn):
 OUTSIDE_PYTEST = """
 import sys
 from refddp.testing import RankSkipped, spawn_ranks
-from refddp.testing.pool import RankPool
+from refddp.testing.driver.pool import RankPool
 
 
 def skip_here():
@@ -376,7 +376,7 @@ def test_rank_whose_driver_died_before_it_started_exits_at_once(tmp_path):
     ours, theirs = socket.socketpair()
     with ours, theirs:
         rank = subprocess.run(
-            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(theirs.fileno())]
+            [sys.executable, "-m", "refddp.testing.rank.worker", "--fd", str(theirs.fileno())]
             + ["--rank", "0", "--world-size", "2", "--backend", "gloo", "--store-port", "9"]
             + ["--workdir", str(tmp_path), "--driver-pid", str(2**22 + 1)],  # never its parent
             pass_fds=(theirs.fileno(),),

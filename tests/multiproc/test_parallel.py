@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from refddp.config.schema import TrainConfig
 from refddp.launch.dist import DistContext
-from refddp.testing.collectives import process_group_sequence
+from refddp.testing.checks.collectives import process_group_sequence
 from refddp.training.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
 from refddp.workload.models import build_model
 from tests.rank_tasks import fit_recording_collectives

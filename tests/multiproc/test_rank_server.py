@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from refddp.config.torch_support import torch_version
-from refddp.testing import rank_server
-from refddp.testing.pool import LAZY_CONNECT_FROM, RankPool
-from refddp.testing.warm_pools import PoolKey, close_pool
-from refddp.testing.worker import IDLE_LOOP_SLACK_NS
+from refddp.testing.driver import rank_server
+from refddp.testing.driver.pool import LAZY_CONNECT_FROM, RankPool
+from refddp.testing.driver.warm_pools import PoolKey, close_pool
+from refddp.testing.rank.worker import IDLE_LOOP_SLACK_NS
 
 
 def where_from():
@@ -35,7 +35,7 @@ def test_ranks_are_forked_from_a_single_threaded_server_and_are_the_driver_s_chi
     assert server is not None
     for s in seen:
         assert s["parent"] == os.getpid(), "re-parented to the driver (a child subreaper)"
-        assert "refddp.testing.rank_server" in s["command"], s["command"]
+        assert "refddp.testing.driver.rank_server" in s["command"], s["command"]
         assert not s["cuda_initialised"]
     assert threads_of(server.proc.pid) == 1, "a fork of a multi-threaded server is unsafe"
     assert not rank_server.is_subreaper(), "orphans of later tests must not gather here"
@@ -49,7 +49,7 @@ def test_ranks_start_as_fresh_interpreters_where_no_server_can_fork_them(spawn, 
     finally:
         close_pool(PoolKey(2))  # the next test gets a forked pool again
     for s in seen:
-        assert "refddp.testing.worker" in s["command"] and s["parent"] == os.getpid()
+        assert "refddp.testing.rank.worker" in s["command"] and s["parent"] == os.getpid()
 
 
 def test_a_server_that_cannot_fork_a_rank_leaves_the_pool_to_fresh_interpreters(spawn, monkeypatch):
@@ -64,7 +64,7 @@ def test_a_server_that_cannot_fork_a_rank_leaves_the_pool_to_fresh_interpreters(
         seen = spawn(where_from)
     finally:
         close_pool(PoolKey(2))
-    assert all("refddp.testing.worker" in s["command"] for s in seen)
+    assert all("refddp.testing.rank.worker" in s["command"] for s in seen)
 
 
 def probe_origin():

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refddp.testing import RankFailure, collectives
+from refddp.testing import RankFailure
+from refddp.testing.checks import collectives
 from refddp.testing.rank_lists import parse_rank_list
 
 WORLD = 4

@@ -23,9 +23,9 @@ class Mutant:
 
 
 DATA, TRAINER, EVALUATION = "refddp/workload/data.py", "refddp/training/trainer.py", "refddp/training/evaluation.py"
-CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/collectives.py"
-SIGNATURES, CHECK = "refddp/testing/signatures.py", "refddp/testing/fingerprint_check.py"
-GROUP_METHODS = "refddp/testing/process_groups.py"
+CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/checks/collectives.py"
+SIGNATURES, CHECK = "refddp/testing/checks/signatures.py", "refddp/testing/checks/fingerprint.py"
+GROUP_METHODS = "refddp/testing/checks/process_groups.py"
 T_SIGNATURES = "tests/unit/test_signatures.py"
 T_FINGERPRINT = "tests/multiproc/test_collective_fingerprint.py"
 T_METHODS = "tests/multiproc/test_process_group_methods.py"
@@ -53,17 +53,17 @@ T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objec
 SLURM, T_SLURM_ENV = "refddp/launch/slurm.py", "tests/unit/test_slurm_environment.py"
 T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
 EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
-FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
-NODES, T_NODES = "refddp/testing/nodes.py", "tests/multiproc/test_harness_nodes.py"
-REPORTS, POOL = "refddp/testing/reports.py", "refddp/testing/pool.py"
+FAULTS, T_FAULTS = "refddp/testing/rank/faults.py", "tests/multiproc/test_harness_faults.py"
+NODES, T_NODES = "refddp/testing/nodes/simulated.py", "tests/multiproc/test_harness_nodes.py"
+REPORTS, POOL = "refddp/testing/driver/reports.py", "refddp/testing/driver/pool.py"
 T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
 NETWORK, T_NETWORK = "refddp/launch/network_checks.py", "tests/multiproc/test_doctor_network.py"
 RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank_lists.py"
 T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
-WORKER, SERVER = "refddp/testing/worker.py", "refddp/testing/rank_server.py"
-PARITY, T_PARITY = "refddp/testing/parity.py", "tests/multiproc/test_harness_parity.py"
+WORKER, SERVER = "refddp/testing/rank/worker.py", "refddp/testing/driver/rank_server.py"
+PARITY, T_PARITY = "refddp/testing/rank/parity.py", "tests/multiproc/test_harness_parity.py"
 T_REAL = "tests/multiproc/test_harness_real_nodes.py"
 T_UNPRIVILEGED = "tests/multiproc/test_cluster_unprivileged.py::test_the_cluster_tests_pass_for_a_user_without_root"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
@@ -76,7 +76,7 @@ BATCHES = "refddp/workload/objectives/batches.py"
 IMAGE_FOLDER = "refddp/workload/image_folder.py"
 SKIPPED, T_SKIPPED_STEPS = "refddp/training/skips.py", "tests/multiproc/test_skipped_steps.py"
 PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/multiproc/test_hang_stacks.py"
-UNITTEST = "refddp/testing/unittest_case.py"
+UNITTEST = "refddp/testing/driver/unittest_case.py"
 
 LINT_RULES, LINT_IR = "refddp/lint/rules.py", "refddp/lint/ir.py"
 LINT_VALUES, LINT_FLOW = "refddp/lint/rank_values.py", "refddp/lint/dataflow.py"
@@ -487,8 +487,8 @@ MUTANTS = (
     Mutant(
         "plugin-imports-torch-at-session-end", "the plugin costs no torch import",
         "refddp/testing/plugin.py",
-        'pools = sys.modules.get("refddp.testing.warm_pools")',
-        "import refddp.testing.warm_pools as pools",
+        'pools = sys.modules.get("refddp.testing.driver.warm_pools")',
+        "import refddp.testing.driver.warm_pools as pools",
         ("tests/unit/test_plugin.py"
          "::test_a_session_without_distributed_tests_never_imports_torch",),
     ),
@@ -826,7 +826,7 @@ MUTANTS = (
     ),
     Mutant(
         "tests-share-a-store-namespace", "every test starts clean: its own store namespace",
-        "refddp/testing/worker.py", "    leftovers.fresh_namespace()\n", "",
+        "refddp/testing/rank/worker.py", "    leftovers.fresh_namespace()\n", "",
         ("tests/multiproc/test_harness_parity.py::test_local_synchronisation_groups_pass_test"
          "_after_test_in_one_session",),
     ),
@@ -948,7 +948,7 @@ MUTANTS = (
     ),
     Mutant(
         "one-node-dir-for-every-node", "node_tmp_path is shared by one node's ranks only",
-        "refddp/testing/worker.py", "Path(task.node_dirs[ctx.node_rank])", "Path(task.node_dirs[0])",
+        "refddp/testing/rank/worker.py", "Path(task.node_dirs[ctx.node_rank])", "Path(task.node_dirs[0])",
         (f"{T_NODES}::test_naming_node_local_files_by_rank_passes_on_one_node_and_fails_on_two",),
     ),
     Mutant(
@@ -992,7 +992,7 @@ MUTANTS = (
     ),
     Mutant(
         "testcase-shim-missing", "a MultiProcessTestCase suite moves over by its base class",
-        "refddp/testing/unittest_case.py",
+        "refddp/testing/driver/unittest_case.py",
         "    dist.init_process_group, dist.destroy_process_group = pool.init, pool.destroy\n",
         "",
         (f"{T_PARITY}::test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its"
@@ -1000,13 +1000,13 @@ MUTANTS = (
     ),
     Mutant(
         "meshes-outlive-their-test", "nothing a test builds reaches the next on a warm pool",
-        "refddp/testing/leftovers.py", "released = refddp_dist.release_meshes()",
+        "refddp/testing/rank/leftovers.py", "released = refddp_dist.release_meshes()",
         "released = False",
         (f"{T_PARITY}::test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next",),
     ),
     Mutant(
         "subgroups-outlive-their-test", "nothing a test builds reaches the next on a warm pool",
-        "refddp/testing/leftovers.py", "        if name in start.groups:\n            continue\n",
+        "refddp/testing/rank/leftovers.py", "        if name in start.groups:\n            continue\n",
         "        continue\n",
         (f"{T_PARITY}::test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next",),
     ),
@@ -1018,7 +1018,7 @@ MUTANTS = (
     ),
     Mutant(
         "driver-stays-a-subreaper", "orphans of later tests are not re-parented to pytest",
-        "refddp/testing/rank_server.py", "        finally:\n            _set_subreaper(False)\n",
+        "refddp/testing/driver/rank_server.py", "        finally:\n            _set_subreaper(False)\n",
         "        finally:\n            pass\n",
         ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
          "_and_are_the_driver_s_children",),

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from refddp.testing import gpus
+from refddp.testing.driver import gpus
 
 LEASE_AND_REPORT = """
 import sys
-from refddp.testing import gpus
+from refddp.testing.driver import gpus
 gpus.visible_gpu_count = lambda: 4
 gpus.LOCK_DIR = sys.argv[1]
 with gpus.GpuLease(2, timeout_s=30) as lease:
@@ -58,7 +58,7 @@ def test_a_bigger_world_grows_the_process_lease_instead_of_waiting_on_itself(
 
 
 def test_ranks_get_the_parents_masked_devices(two_gpus_behind_a_slurm_mask, tmp_path):
-    from refddp.testing.pool import rank_environment
+    from refddp.testing.driver.pool import rank_environment
 
     devices = gpus.lease_devices(2, timeout_s=0.3)
     env = rank_environment("nccl", True, devices, str(tmp_path), world_size=len(devices))
@@ -79,7 +79,7 @@ def test_leases_lock_physical_devices_across_different_masks(two_gpus_behind_a_s
 
 OTHER_MASK = """
 import sys
-from refddp.testing import gpus
+from refddp.testing.driver import gpus
 gpus.visible_gpu_count = lambda: 2
 gpus.LOCK_DIR = sys.argv[1]
 print(",".join(gpus.lease_devices(1, timeout_s=5)))

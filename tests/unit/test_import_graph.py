@@ -80,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_refddps_modules_import_one_another_without_a_cycle():
     graph = import_graph(PACKAGE)
-    assert {"refddp.checkpoints.loading", "refddp.checkpoints.run_state", "refddp.testing.pool"} <= graph.keys()
+    assert {"refddp.checkpoints.loading", "refddp.checkpoints.run_state", "refddp.testing.driver.pool"} <= graph.keys()
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 

@@ -32,7 +32,7 @@ def test_every_public_function_of_torch_distributed_is_classified():
 
 def test_the_collectives_the_harness_records_are_collectives_or_point_to_point_for_the_lint():
     pytest.importorskip("torch")
-    from refddp.testing.collectives import _COLLECTIVES
+    from refddp.testing.checks.collectives import _COLLECTIVES
 
     assert set(_COLLECTIVES) - tables.COLLECTIVES - tables.POINT_TO_POINT == set()
 

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 import helper
-from refddp.testing import DistributedTestCase, faults
+from refddp.testing import DistributedTestCase
+from refddp.testing.rank import faults
 
 
 @pytest.mark.multiproc

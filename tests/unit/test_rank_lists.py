@@ -6,8 +6,8 @@ import os
 from hypothesis import given
 from hypothesis import strategies as st
 
+from refddp.testing.driver.reports import FULL_SECTIONS, SHOWN_IN_FULL, PoolFiles
 from refddp.testing.rank_lists import group_rank_lines, parse_rank_list, rank_list, who
-from refddp.testing.reports import FULL_SECTIONS, SHOWN_IN_FULL, PoolFiles
 
 
 def test_runs_of_ranks_are_written_as_ranges():

@@ -6,8 +6,8 @@ ranks stays out of the fingerprint."""
 import torch
 import torch.distributed as dist
 
-from refddp.testing.fingerprint_check import _verdict
-from refddp.testing.signatures import describe, fingerprint, pairing, unpaired
+from refddp.testing.checks.fingerprint import _verdict
+from refddp.testing.checks.signatures import describe, fingerprint, pairing, unpaired
 
 
 def ones(*shape, dtype=torch.float32):

@@ -1,7 +1,7 @@
 """Who skipped a collective, from the ranks' slots: the finished ranks the collective needs,
 less the ones that took part and got out (``reports.finished_without_joining``)."""
 
-from refddp.testing.reports import blocked_for_good, finished_without_joining
+from refddp.testing.driver.reports import blocked_for_good, finished_without_joining
 from refddp.testing.slots import SlotReading
 
 

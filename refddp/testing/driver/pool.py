@@ -26,11 +26,18 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from refddp.testing import faults as fault_records
-from refddp.testing import nodes as node_layout
-from refddp.testing import rank_coverage, rank_server
 from refddp.testing.context import RankFailure, RankSkipped, RankTimeout
-from refddp.testing.faults import Fault
+from refddp.testing.driver import rank_server
+from refddp.testing.driver.reports import (
+    PoolFiles,
+    blame,
+    blocked_for_good,
+    exception_line,
+    find_cause,
+    finished_without_joining,
+    skipped_headline,
+)
+from refddp.testing.nodes import simulated as node_layout
 from refddp.testing.payload import pickle_call
 from refddp.testing.protocol import (
     FAILURES,
@@ -42,16 +49,10 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
+from refddp.testing.rank import coverage as rank_coverage
+from refddp.testing.rank import faults as fault_records
+from refddp.testing.rank.faults import Fault
 from refddp.testing.rank_lists import rank_list
-from refddp.testing.reports import (
-    PoolFiles,
-    blame,
-    blocked_for_good,
-    exception_line,
-    find_cause,
-    finished_without_joining,
-    skipped_headline,
-)
 from refddp.testing.slots import read_slot, slot_path_for
 
 DEFAULT_TIMEOUT_S = 60.0

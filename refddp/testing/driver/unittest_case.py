@@ -98,7 +98,7 @@ class DistributedTestCase(unittest.TestCase):
 
     def _run_on_ranks(self, result: unittest.TestResult | None) -> Any:
         from refddp.testing.context import RankFailure, RankSkipped
-        from refddp.testing.warm_pools import DEFAULT_TIMEOUT_S, PoolKey, run_on_pool
+        from refddp.testing.driver.warm_pools import DEFAULT_TIMEOUT_S, PoolKey, run_on_pool
 
         result = result if result is not None else self.defaultTestResult()
         result.startTest(self)
@@ -175,7 +175,8 @@ class _PoolGroup:
     def __init__(self) -> None:
         import torch.distributed as dist
 
-        from refddp.testing import collectives, context
+        from refddp.testing import context
+        from refddp.testing.checks import collectives
 
         self.dist, self.collectives, self.context = dist, collectives, context
         self.real_init, self.real_destroy = dist.init_process_group, dist.destroy_process_group

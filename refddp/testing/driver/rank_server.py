@@ -2,9 +2,9 @@
 
 A rank's start used to be mostly ``import torch`` (a second or more of CPU each, so 8 ranks on 2
 cores took seconds). The driver now starts one server per process (``python -m
-refddp.testing.rank_server``, on the first pool) that imports torch, ``torch.distributed``, the
-harness's rank code and the modules asked for (``--dist-preload``), and then only forks: what
-it imported is shared by every rank, not imported by each. The fork happens before any rank
+refddp.testing.driver.rank_server``, on the first pool) that imports torch,
+``torch.distributed``, the harness's rank code and the modules asked for (``--dist-preload``),
+and then only forks: what it imported is shared by every rank, not imported by each. The fork happens before any rank
 code runs, and the server never touches CUDA (it checks, and refuses to fork once CUDA is
 initialised, or once a preloaded module started a thread), so NCCL ranks stay CUDA-safe:
 each child initialises CUDA itself, as a fresh interpreter would. Coverage is not started in
@@ -38,7 +38,7 @@ _MAX_MESSAGE = 1 << 20
 _NOT_FOR_THE_SERVER = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
 # The worker too: its modules, imported once here, stay shared pages in every rank (imported in
 # each rank after the fork they cost ~6 MB a rank: 6 GB at 1,024 ranks).
-PRELOADED = ("torch", "torch.distributed", "torch.nn", "refddp.testing.worker")
+PRELOADED = ("torch", "torch.distributed", "torch.nn", "refddp.testing.rank.worker")
 # More modules for the server to import once (comma-separated; pytest's --dist-preload): at
 # hundreds of ranks, each rank importing the test module's dependencies (a trainer, a model
 # library) is most of a pool's start and memory. Imported with the driver's sys.path.
@@ -123,7 +123,7 @@ class RankServer:
         asked = [*os.environ.get(PRELOAD_ENV, "").split(","), *preload]
         env[PRELOAD_ENV] = ",".join(dict.fromkeys(name.strip() for name in asked if name.strip()))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refddp.testing.rank_server", str(theirs.fileno())],
+            [sys.executable, "-m", "refddp.testing.driver.rank_server", str(theirs.fileno())],
             env=env,
             stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
@@ -156,7 +156,7 @@ class RankServer:
     def start_rank(
         self, argv: list[str], env: dict[str, str], out_path: str, fd: int
     ) -> RankProcess:
-        """Fork a rank that runs ``refddp.testing.worker`` with ``argv`` (less ``--fd``),
+        """Fork a rank that runs ``refddp.testing.rank.worker`` with ``argv`` (less ``--fd``),
         environment ``env``, output to ``out_path``, talking to the driver on ``fd``."""
         # A subreaper only while the rank is re-parented: a process a test orphans later goes
         # to init as usual, instead of lingering here as a zombie.
@@ -179,7 +179,7 @@ def start_interpreter(argv: list[str], env: dict[str, str], out_path: str, fd: i
     """A rank as a fresh interpreter (where the rank server cannot fork one)."""
     with open(out_path, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "refddp.testing.worker", "--fd", str(fd), *argv],
+            [sys.executable, "-m", "refddp.testing.rank.worker", "--fd", str(fd), *argv],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -266,8 +266,8 @@ def _become_rank(argv: list[str], env: dict[str, str], out_path: str, fd: int) -
 
         dist.set_debug_level_from_env()  # read at import, in the server, from its environment
         argv = ["--fd", str(fd), *argv]
-        sys.argv = ["refddp.testing.worker", *argv]
-        from refddp.testing import worker
+        sys.argv = ["refddp.testing.rank.worker", *argv]
+        from refddp.testing.rank import worker
 
         worker.main(argv)
         code = 0

@@ -38,7 +38,8 @@ import json
 import time
 from typing import Any
 
-from refddp.testing import rank_lists, signatures
+from refddp.testing import rank_lists
+from refddp.testing.checks import signatures
 from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
 
 PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)

@@ -1,4 +1,4 @@
-"""Rank side of the harness: one process of a pool, run as ``python -m refddp.testing.worker``.
+"""Rank side of the harness: one process of a pool, run as ``python -m refddp.testing.rank.worker``.
 
 It joins the pool's process group once, then runs tasks sent by the driver (``pool.py``) over a
 private socket until told to stop or until its parent dies; the messages are in ``protocol.py``.
@@ -10,7 +10,7 @@ data fixtures) except those the rank makes itself for each task and undoes after
 (``RANK_FIXTURES``): its ``dist_ctx``, and a fresh ``monkeypatch``. Around each task the rank
 arms the task's faults (``faults.py``) and afterwards releases what the task left behind
 (``leftovers.py``). Ranks are usually forked from the rank server (``rank_server.py``), which
-calls ``main`` in the child; ``python -m refddp.testing.worker`` starts one afresh.
+calls ``main`` in the child; ``python -m refddp.testing.rank.worker`` starts one afresh.
 """
 
 from __future__ import annotations
@@ -41,17 +41,11 @@ import torch
 import torch.distributed as dist
 
 from refddp.launch.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
-from refddp.testing import (
-    collectives,
-    context,
-    faults,
-    fingerprint_check,
-    leftovers,
-    nodes,
-    rank_coverage,
-    slots,
-)
+from refddp.testing import context, slots
+from refddp.testing.checks import collectives
+from refddp.testing.checks import fingerprint as fingerprint_check
 from refddp.testing.context import RankContext
+from refddp.testing.nodes import simulated as nodes
 from refddp.testing.protocol import (
     RANK_FIXTURES,
     STACK_SIGNAL,
@@ -64,6 +58,8 @@ from refddp.testing.protocol import (
     Skipped,
     Stop,
 )
+from refddp.testing.rank import coverage as rank_coverage
+from refddp.testing.rank import faults, leftovers
 
 DRIVER_MAIN = "__refddp_driver_main__"
 
