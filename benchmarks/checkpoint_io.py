@@ -18,9 +18,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record import write  # noqa: E402
 
-from refddp import checkpoint as ckpt  # noqa: E402
-from refddp.config import TrainConfig  # noqa: E402
-from refddp.models import build_model  # noqa: E402
+from refddp.checkpoints import loading as ckpt  # noqa: E402
+from refddp.config.schema import TrainConfig  # noqa: E402
+from refddp.workload.models import build_model  # noqa: E402
 
 
 def disk_write_speed(directory: str, size: int) -> float:

@@ -1,4 +1,4 @@
-"""Per-rank memory and throughput of DDP vs FSDP2 (refddp.parallel) at 1, 2 and 4 gloo ranks.
+"""Per-rank memory and throughput of DDP vs FSDP2 (refddp.training.parallel) at 1, 2 and 4 gloo ranks.
 
     python benchmarks/fsdp_memory.py [--hidden 4096] [--depth 4] [--steps 4] [--ranks 1,2,4]
 
@@ -34,10 +34,10 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from refddp.config import TrainConfig
-    from refddp.dist import DistContext
-    from refddp.models import build_model
-    from refddp.parallel import build_parallel
+    from refddp.config.schema import TrainConfig
+    from refddp.launch.dist import DistContext
+    from refddp.training.parallel import build_parallel
+    from refddp.workload.models import build_model
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

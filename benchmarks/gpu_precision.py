@@ -3,7 +3,7 @@
     python benchmarks/gpu_precision.py
 
 Needs one CUDA GPU; results go to results/gpu_precision.json with the device name. The model is
-a deep, wide MLP so the time is in matmuls; MFU uses the bf16 dense peak in refddp.metrics.
+a deep, wide MLP so the time is in matmuls; MFU uses the bf16 dense peak in refddp.training.metrics.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record import write  # noqa: E402
 
-from refddp.metrics import PEAK_FLOPS  # noqa: E402
-from refddp.models import MLP  # noqa: E402
+from refddp.training.metrics import PEAK_FLOPS  # noqa: E402
+from refddp.workload.models import MLP  # noqa: E402
 
 WIDTH, DEPTH, BATCH, STEPS, WARMUP = 8192, 8, 8192, 30, 10
 

@@ -28,8 +28,9 @@ import torch.distributed as dist
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from record import write  # noqa: E402
 
-from refddp.testing import RankFailure, rank_server  # noqa: E402
-from refddp.testing.pool import RankPool  # noqa: E402
+from refddp.testing import RankFailure  # noqa: E402
+from refddp.testing.driver import rank_server
+from refddp.testing.driver.pool import RankPool  # noqa: E402
 
 
 def nothing() -> None:

@@ -125,15 +125,15 @@ class Job:
         return flags
 
     def config(self):  # type: ignore[no-untyped-def]
-        from refddp.config import merge, parse_cli
+        from refddp.config.schema import merge, parse_cli
 
         return merge(parse_cli(self.refddp_flags())[0], {})
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset]:
         """Model and data exactly as refddp builds them for these flags; the MLP's data fetched
         a batch at a time (``TensorBatches``), as refddp's built-in data is."""
-        from refddp.data import build_datasets
-        from refddp.models import build_model
+        from refddp.workload.data import build_datasets
+        from refddp.workload.models import build_model
 
         c = self.config()
         train, val = build_datasets(c)
@@ -232,7 +232,7 @@ def end() -> NoReturn:
     argument), and its threads then either run into finalization, which aborts a finished
     2-rank run (SIGABRT, "terminate called without an active exception"), or, where the group
     is freed with the model, join while holding the GIL that one of them needs (a hang). refddp
-    avoids both (``refddp/dist.py``: ``teardown``, ``end_process``); a baseline's exit is not
+    avoids both (``refddp/launch/dist.py``: ``teardown``, ``end_process``); a baseline's exit is not
     what it measures, so it ends the way ``end_process`` does: flush, then ``os._exit``."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -2,7 +2,7 @@
 
     python benchmarks/skip_costs.py [--repeats 200]
 
-1. ``BufferSnapshot.take`` (refddp/skips.py), made before every step: the copy of a
+1. ``BufferSnapshot.take`` (refddp/training/skips.py), made before every step: the copy of a
    model's floating buffers and counters, against the training step it precedes (forward,
    backward and AdamW step of one batch, one process), for models with and without
    BatchNorm. Medians of ``--repeats`` timings each.
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 from record import write  # noqa: E402
 
-from refddp.skips import BufferSnapshot  # noqa: E402
+from refddp.training.skips import BufferSnapshot  # noqa: E402
 
 
 def bn_mlp(width: int, depth: int) -> nn.Module:
@@ -86,8 +86,8 @@ def snapshot_costs(repeats: int) -> list[dict]:
 
 def first_step_s(out: str, model: str, settle: bool) -> float:
     """One rank's first training step of a fresh 3-rank trainer, with or without the settle."""
-    from refddp.dist import init_distributed
-    from refddp.trainer import Trainer
+    from refddp.launch.dist import init_distributed
+    from refddp.training.trainer import Trainer
     from tests.rank_tasks import tiny_config
 
     flags = dict(epochs=1, train_size=3 * 64 * 4, global_batch_size=3 * 64, batch_size=64,

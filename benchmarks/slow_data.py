@@ -2,7 +2,7 @@
 
 import torch
 
-from refddp.data import synthetic
+from refddp.workload.data import synthetic
 
 
 class PerSample(torch.utils.data.Dataset):

@@ -40,10 +40,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from refddp.config import merge, parse_cli
-from refddp.dist import init_distributed
-from refddp.trainer import Trainer
-from refddp.watchdog import HangWatchdog
+from refddp.config.schema import merge, parse_cli
+from refddp.launch.dist import init_distributed
+from refddp.training.trainer import Trainer
+from refddp.training.watchdog import HangWatchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from refddp.data import TensorPairDataset
+from refddp.workload.data import TensorPairDataset
 
 
 def data(config):

@@ -4,8 +4,8 @@ A rank's start used to be mostly ``import torch`` (a second or more of CPU each,
 cores took seconds). The driver now starts one server per process (``python -m
 refddp.testing.driver.rank_server``, on the first pool) that imports torch,
 ``torch.distributed``, the harness's rank code and the modules asked for (``--dist-preload``),
-and then only forks: what it imported is shared by every rank, not imported by each. The fork happens before any rank
-code runs, and the server never touches CUDA (it checks, and refuses to fork once CUDA is
+and then only forks: what it imported is shared by every rank, not imported by each. The fork
+happens before any rank code runs, and the server never touches CUDA (it checks, and refuses to fork once CUDA is
 initialised, or once a preloaded module started a thread), so NCCL ranks stay CUDA-safe:
 each child initialises CUDA itself, as a fresh interpreter would. Coverage is not started in
 the server; each child starts it from the pool's settings, so lines that ranks run are counted
