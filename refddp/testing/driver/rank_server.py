@@ -2,14 +2,13 @@
 
 A rank's start used to be mostly ``import torch`` (a second or more of CPU each, so 8 ranks on 2
 cores took seconds). The driver now starts one server per process (``python -m
-refddp.testing.driver.rank_server``, on the first pool) that imports torch,
-``torch.distributed``, the harness's rank code and the modules asked for (``--dist-preload``),
-and then only forks: what it imported is shared by every rank, not imported by each. The fork
-happens before any rank code runs, and the server never touches CUDA (it checks, and refuses to fork once CUDA is
-initialised, or once a preloaded module started a thread), so NCCL ranks stay CUDA-safe:
-each child initialises CUDA itself, as a fresh interpreter would. Coverage is not started in
-the server; each child starts it from the pool's settings, so lines that ranks run are counted
-as before.
+refddp.testing.driver.rank_server``, on the first pool) that imports torch, ``torch.distributed``,
+the harness's rank code and the modules asked for (``--dist-preload``), and then only forks: what it
+imported is shared by every rank, not imported by each. The fork happens before any rank code runs,
+and the server never touches CUDA (it checks, and refuses to fork once CUDA is initialised, or once
+a preloaded module started a thread), so NCCL ranks stay CUDA-safe: each child initialises CUDA
+itself, as a fresh interpreter would. Coverage is not started in the server; each child starts it
+from the pool's settings, so lines that ranks run are counted as before.
 
 Each rank is forked through a short-lived intermediate that exits at once, so the rank is
 re-parented to the driver, which is a child subreaper (Linux) for that moment only: the driver
