@@ -125,7 +125,7 @@ class Job:
         return flags
 
     def config(self):  # type: ignore[no-untyped-def]
-        from refddp.config.schema import merge, parse_cli
+        from refddp.config.command_line import merge, parse_cli
 
         return merge(parse_cli(self.refddp_flags())[0], {})
 

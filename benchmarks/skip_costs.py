@@ -6,7 +6,7 @@
    model's floating buffers and counters, against the training step it precedes (forward,
    backward and AdamW step of one batch, one process), for models with and without
    BatchNorm. Medians of ``--repeats`` timings each.
-2. ``Trainer.settle_ddp_buckets``, once per run at 3+ DDP ranks: the first step of a 3-rank
+2. ``settle_ddp_buckets`` (refddp/training/steps.py), once per run at 3+ DDP ranks: the first step of a 3-rank
    run with it against the same step without it (``first_backward_rebuilds`` off), medians of
    5 fresh trainers each, on the demo's MLP and a BatchNorm conv net.
 """

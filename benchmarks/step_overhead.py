@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from refddp.config.schema import merge, parse_cli
+from refddp.config.command_line import merge, parse_cli
 from refddp.launch.dist import init_distributed
 from refddp.training.trainer import Trainer
 from refddp.training.watchdog import HangWatchdog

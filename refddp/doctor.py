@@ -23,21 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refddp.config.schema import (
-    ConfigError,
-    TrainConfig,
-    load_yaml,
-    merge,
-    parse_cli,
-    per_rank_batch_size,
-)
-from refddp.launch.dist import (
-    end_process,
-    init_distributed,
-    rank0_then_meet,
-    teardown,
-    under_torchrun,
-)
+from refddp.config.command_line import load_yaml, merge, parse_cli
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.config.validation import per_rank_batch_size
+from refddp.launch.dist import init_distributed, rank0_then_meet, teardown, under_torchrun
+from refddp.launch.exits import end_process
 from refddp.launch.network_checks import check_node, duplicate_host_names
 from refddp.launch.torchrun import launch
 from refddp.training.stragglers import straggler_fields

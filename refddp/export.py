@@ -35,7 +35,8 @@ from torch import nn
 
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints.run_files import fsync_path, temp_name
-from refddp.config.schema import FIELDS, ConfigError, refuse_checkpoint_imports
+from refddp.config.schema import FIELDS, ConfigError
+from refddp.config.validation import refuse_checkpoint_imports
 from refddp.workload.models import build_model
 
 EXIT_USAGE, EXIT_RUNTIME = 2, 1

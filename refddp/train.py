@@ -20,28 +20,23 @@ import torch.distributed as dist
 
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
-from refddp.config.schema import (
-    JOINED_WITH,
-    ConfigError,
-    TrainConfig,
+from refddp.config.command_line import load_yaml, merge, parse_cli
+from refddp.config.schema import JOINED_WITH, ConfigError, TrainConfig
+from refddp.config.validation import (
     list_items,
-    load_yaml,
-    merge,
-    parse_cli,
     per_rank_batch_size,
     refuse_checkpoint_imports,
     validate,
 )
 from refddp.launch.dist import (
     RankZeroError,
-    end_process,
     init_distributed,
-    lost_peer,
     setup_logging,
     teardown,
     under_torchrun,
 )
 from refddp.launch.error_file import AGREED_STOP, LAUNCHED_ENV, USAGE, record_error
+from refddp.launch.exits import end_process, lost_peer
 from refddp.launch.slurm import srun_task
 from refddp.launch.torchrun import CONFIG_ENV, launch
 from refddp.training import trackers

@@ -225,14 +225,14 @@ def fit_full_weights(out: str, **overrides) -> dict:
 def optimizer_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     """A trainer built on the CPU with ``fuses_on_cuda`` answering ``fuses`` (as it would on a
     GPU): whether its optimizer runs fused kernels."""
-    import refddp.training.trainer
+    import refddp.training.run_setup
 
-    real = refddp.training.trainer.fuses_on_cuda
-    refddp.training.trainer.fuses_on_cuda = lambda c, device: fuses
+    real = refddp.training.run_setup.fuses_on_cuda
+    refddp.training.run_setup.fuses_on_cuda = lambda c, device: fuses
     try:
         trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
     finally:
-        refddp.training.trainer.fuses_on_cuda = real
+        refddp.training.run_setup.fuses_on_cuda = real
     return {"fused": [bool(g.get("fused")) for g in trainer.optimizer.param_groups]}
 
 
@@ -256,14 +256,14 @@ def fit_recording_scales(out: str, **overrides) -> dict:
 def fit_full_weights_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dict:
     """``fit_full_weights`` with ``fuses_on_cuda`` answering ``fuses``: the optimizer built
     fused, as on a GPU."""
-    import refddp.training.trainer
+    import refddp.training.run_setup
 
-    real = refddp.training.trainer.fuses_on_cuda
-    refddp.training.trainer.fuses_on_cuda = lambda c, device: fuses
+    real = refddp.training.run_setup.fuses_on_cuda
+    refddp.training.run_setup.fuses_on_cuda = lambda c, device: fuses
     try:
         return fit_full_weights(out, **overrides)
     finally:
-        refddp.training.trainer.fuses_on_cuda = real
+        refddp.training.run_setup.fuses_on_cuda = real
 
 
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:

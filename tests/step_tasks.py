@@ -24,7 +24,7 @@ HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__
 # step's targets on those host batches; the harness checks each collective's fingerprint.
 # (file, function or "" for any)
 NOT_THE_DEVICES = (("/torch/optim/", ""), ("/torch/utils/data/", ""), ("/refddp/workload/data.py", ""),
-                   ("/refddp/training/trainer.py", "host_target_count"),
+                   ("/refddp/training/steps.py", "host_target_count"),
                    ("/refddp/testing/checks/collectives.py", ""))  # fmt: skip
 
 

@@ -28,8 +28,8 @@ from refddp.config.schema import (  # noqa: F401 - APPLIED, DERIVED: the other r
     REFUSED,
     ConfigError,
     TrainConfig,
-    per_rank_batch_size,
 )
+from refddp.config.validation import per_rank_batch_size
 
 FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
 REQUIRED_KEYS = (
@@ -255,7 +255,7 @@ def restore(
 
 
 # How an optimizer runs, not what it computes: this invocation's choice (fused on CUDA, not on
-# the CPU: ``trainer.fuses_on_cuda``), whatever the saved run used.
+# the CPU: ``run_setup.fuses_on_cuda``), whatever the saved run used.
 KERNEL_KEYS = ("fused", "foreach", "capturable")
 
 

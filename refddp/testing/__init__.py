@@ -4,7 +4,7 @@ Installed as a pytest plugin (``pytest11`` entry point): the ``spawn`` and ``dis
 and the ``multiproc``, ``world_size``, ``nodes``, ``faults`` and ``gpu`` markers need no import.
 Outside pytest::
 
-    from refddp.testing.rank import faults
+    from refddp.testing import faults
     from refddp.testing import spawn_ranks
     results = spawn_ranks(fn, 3, world_size=4)   # one result per rank, ordered by rank
     spawn_ranks(fn, world_size=4, nnodes=2, faults=[faults.kill(1, at=3)])
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from refddp.testing import faults
     from refddp.testing.checks.collectives import record_collectives
     from refddp.testing.cluster import Cluster
     from refddp.testing.context import (
@@ -47,8 +48,7 @@ if TYPE_CHECKING:
     )
     from refddp.testing.driver.unittest_case import DistributedTestCase
     from refddp.testing.driver.warm_pools import shutdown_pools, spawn_ranks
-    from refddp.testing.rank import faults
-    from refddp.testing.rank.faults import fault_point
+    from refddp.testing.faults import fault_point
     from refddp.testing.rank.parity import assert_matches_single_process, assert_replicas_equal
 
 _HOMES = {
@@ -60,7 +60,7 @@ _HOMES = {
     "RankSkipped": "context",
     "RankTimeout": "context",
     "rank_context": "context",
-    "fault_point": "rank.faults",
+    "fault_point": "faults",
     "assert_matches_single_process": "rank.parity",
     "assert_replicas_equal": "rank.parity",
     "DistributedTestCase": "driver.unittest_case",
@@ -75,7 +75,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name == "faults":
-        return importlib.import_module("refddp.testing.rank.faults")
+        return importlib.import_module("refddp.testing.faults")
     if name not in _HOMES:
         raise AttributeError(f"module 'refddp.testing' has no attribute {name!r}")
     return getattr(importlib.import_module(f"refddp.testing.{_HOMES[name]}"), name)

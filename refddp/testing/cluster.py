@@ -22,6 +22,10 @@ process that made the cluster dies first (a killed test run), and each new clust
 first removes what a dead process left (one made without root leaves nothing in the machine's
 lists: its namespaces go with the user namespace's last process).
 
+This module is the Cluster API (its nodes, what runs on them, their faults); the plumbing under
+it (the ``ip`` calls, the user-namespace holder, the reaper, the removal of namespaces) is
+``refddp/testing/nodes/namespaces.py``'s.
+
     with Cluster(2) as cluster:
         node = cluster.popen(1, ["python", "-m", "torch.distributed.run", ...])
         cluster.cut(1)  # node 1's link down
@@ -29,25 +33,33 @@ lists: its namespaces go with the user namespace's last process).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
-import re
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-PREFIX = "refddp-"  # every namespace a cluster makes: refddp-<pid>-<n>-<node|switch>
+from refddp.testing.nodes.namespaces import (
+    PREFIX,
+    holder_command,
+    how,
+    ip,
+    kill_inside,
+    pids_in,
+    reaper_command,
+    remove,
+    signal_all,
+    sweep,
+)
+
 SUBNET = "10.213.0"  # private to the cluster's own namespaces
 _made = itertools.count()
-_NAME = re.compile(rf"^{PREFIX}(\d+)-")  # the pid of the process that made it
 
 
 class Node(NamedTuple):
@@ -59,40 +71,13 @@ class Node(NamedTuple):
 
 def unavailable() -> str | None:
     """Why no cluster can be made here, in one line; None when one can (asked once)."""
-    return _how()[1] or None
-
-
-@functools.cache
-def _how() -> tuple[str, str]:
-    """How clusters are made here: ``("direct", "")`` (root with its capabilities: namespaces
-    in the machine's lists), ``("user", "")`` (anyone else, where the kernel allows it: inside
-    a user namespace of the cluster's own), or ``("", why not)``."""
-    if not sys.platform.startswith("linux"):
-        return "", "a cluster of network namespaces needs Linux"
-    for tool in ("ip", "unshare", "tc", "nsenter", "mount"):
-        if shutil.which(tool) is None:
-            return "", f"a cluster needs the `{tool}` command (iproute2, util-linux)"
-    direct = "not root"
-    if os.geteuid() == 0:  # (root in a container may lack CAP_NET_ADMIN or CAP_SYS_ADMIN)
-        probe = f"{PREFIX}{os.getpid()}-probe-switch"
-        made = _ip("netns", "add", probe, check=False)
-        _ip("netns", "del", probe, check=False)
-        if not made.returncode:
-            return "direct", ""
-        direct = made.stderr.strip() or f"ip netns add: exit {made.returncode}"
-    made = subprocess.run(_holder_command("--probe"), capture_output=True, text=True)
-    if not made.returncode:
-        return "user", ""
-    said = (made.stderr.strip().splitlines() or [f"exit {made.returncode}"])[-1]
-    return "", (f"cannot make a network namespace here ({direct}) nor a user namespace to make "
-                f"one in ({said}); run the cluster tests as root, or where unprivileged user "
-                "namespaces are allowed")  # fmt: skip
+    return how()[1] or None
 
 
 def in_user_namespace() -> bool:
     """Whether clusters here live in a user namespace of their own (no root's capabilities):
     their namespaces are then in no list of the machine's, and no rank can join them."""
-    return _how()[0] == "user"
+    return how()[0] == "user"
 
 
 def unavailable_to_ranks() -> str | None:
@@ -106,88 +91,6 @@ def unavailable_to_ranks() -> str | None:
                 "CAP_NET_ADMIN: a rank joins its node's namespaces); without them a Cluster "
                 "runs whole commands on nodes")  # fmt: skip
     return None
-
-
-def _ip(*args: str, check: bool = True, via: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """``ip ARGS``, run through ``via`` (a cluster's way into its user namespace, if it has one)."""
-    done = subprocess.run([*via, "ip", *args], capture_output=True, text=True)
-    if check and done.returncode:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-    return done
-
-
-def _holder_command(*args: str) -> list[str]:
-    """This module, run as the maker of a user namespace with a network and mount namespace of
-    its own (where its caller is root)."""
-    return ["unshare", "--user", "--map-root-user", "--net", "--mount", "--",
-            sys.executable, "-I", os.path.abspath(__file__), *args]  # fmt: skip
-
-
-def _private_netns_list() -> None:
-    """In a user namespace's own mount namespace: a ``/run/netns`` of its own for ``ip netns``
-    (the machine's is root's to write). Where the machine has none, a ``/run`` of its own,
-    which hides the machine's (``/run/user``, a resolver's socket) from what runs on the nodes:
-    their names resolve through their hosts files."""
-    if not os.path.isdir("/run/netns"):
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run"], check=True)
-        os.mkdir("/run/netns")
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/netns"], check=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _namespaces() -> list[str]:
-    listed = _ip("netns", "list", check=False).stdout.splitlines()
-    return [line.split()[0] for line in listed if line.startswith(PREFIX)]
-
-
-def _pids_in(namespace: str, via: Sequence[str] = ()) -> list[int]:
-    listed = _ip("netns", "pids", namespace, check=False, via=via).stdout.split()
-    return [int(p) for p in listed if p.isdigit()]
-
-
-def _signal_all(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _kill_inside(namespace: str, via: Sequence[str] = ()) -> None:
-    """SIGKILL every process in ``namespace``, again until none is left (one may have forked
-    between the listing and the kill): deleting a namespace's name does not stop them."""
-    for _ in range(50):
-        pids = _pids_in(namespace, via)
-        if not pids:
-            return
-        _signal_all(pids, signal.SIGKILL)
-        time.sleep(0.02)
-
-
-def remove(namespaces: Sequence[str], via: Sequence[str] = ()) -> None:
-    """Kill what runs in ``namespaces``, delete them and their hosts files (idempotent)."""
-    for namespace in namespaces:
-        _kill_inside(namespace, via)
-    for namespace in namespaces:
-        _ip("netns", "del", namespace, check=False, via=via)
-        if not via:
-            shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
-
-
-def sweep() -> list[str]:
-    """Remove the namespaces of clusters whose process has died; the names removed."""
-    stale = [n for n in _namespaces() if (m := _NAME.match(n)) and not _alive(int(m.group(1)))]
-    remove(stale)
-    return stale
 
 
 class Cluster:
@@ -228,8 +131,8 @@ class Cluster:
         reap = ["--reap", str(os.getpid()), self._hosts_dir or "-", *names]
         said = subprocess.PIPE if self.rootless else subprocess.DEVNULL
         self._reaper = subprocess.Popen(
-            _holder_command("--hold", *reap) if self.rootless
-            else [sys.executable, "-I", os.path.abspath(__file__), *reap],
+            holder_command("--hold", *reap) if self.rootless
+            else reaper_command(*reap),
             stdin=subprocess.DEVNULL, stdout=said, stderr=said, start_new_session=True, cwd="/",
             text=True,
         )  # fmt: skip
@@ -280,7 +183,7 @@ class Cluster:
         return [*self._nsenter, *([f"--wd={wd}"] if wd else []), "--"]
 
     def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return _ip(*args, check=check, via=self._enter())
+        return ip(*args, check=check, via=self._enter())
 
     # -- running things on a node -----------------------------------------------------------
 
@@ -319,7 +222,7 @@ class Cluster:
 
     def kill(self, k: int) -> None:
         """Node ``k`` dies: every process in its namespace is SIGKILLed."""
-        _kill_inside(self.nodes[k].namespace, self._enter())
+        kill_inside(self.nodes[k].namespace, self._enter())
 
     def cut(self, k: int) -> None:
         """Pull node ``k``'s cable: its bridge port goes down; packets are lost, no reset sent."""
@@ -352,14 +255,14 @@ class Cluster:
                 while not done.is_set():
                     if time.monotonic() - listed > 0.5:  # new processes (a rank's workers) too
                         listed = time.monotonic()
-                        pids = _pids_in(self.nodes[k].namespace, self._enter())
-                    _signal_all(pids, signal.SIGSTOP)
+                        pids = pids_in(self.nodes[k].namespace, self._enter())
+                    signal_all(pids, signal.SIGSTOP)
                     time.sleep(period_s * (1 - share))
-                    _signal_all(pids, signal.SIGCONT)
+                    signal_all(pids, signal.SIGCONT)
                     done.wait(period_s * share)
             finally:  # never left stopped, whatever ended the loop
-                _signal_all(pids, signal.SIGCONT)
-                _signal_all(_pids_in(self.nodes[k].namespace, self._enter()), signal.SIGCONT)
+                signal_all(pids, signal.SIGCONT)
+                signal_all(pids_in(self.nodes[k].namespace, self._enter()), signal.SIGCONT)
 
         thread = threading.Thread(target=duty_cycle, name=f"throttle-node{k}", daemon=True)
         thread.start()
@@ -411,49 +314,3 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _reap(argv: list[str]) -> None:
-    """``OWNER HOSTS_DIR|- NAMESPACE...``: wait for ``owner`` to die, then remove its cluster's
-    namespaces (and, without root, the directory of its hosts files)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the test run
-    owner, hosts_dir, namespaces = int(argv[0]), argv[1], argv[2:]
-    while _alive(owner):
-        time.sleep(0.5)
-    remove(namespaces)
-    if hosts_dir != "-":
-        shutil.rmtree(hosts_dir, ignore_errors=True)
-
-
-def _hold(argv: list[str]) -> None:
-    """The maker of a cluster's user namespace (run by ``_holder_command``): its own
-    ``/run/netns``, then "ready" to the cluster, then the reaper's wait."""
-    try:
-        _private_netns_list()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"cannot mount a private /run/netns: {exc}", flush=True)
-        sys.exit(1)
-    print("ready", flush=True)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the cluster reads no more from it
-    if argv[:1] == ["--reap"]:
-        _reap(argv[1:])
-
-
-def _probe() -> None:
-    """Whether a cluster can be made here without root (run by ``_holder_command``)."""
-    _private_netns_list()
-    probe = f"{PREFIX}probe"
-    _ip("netns", "add", probe)
-    _ip("link", "add", "probe0", "type", "veth", "peer", "name", "probe1", "netns", probe)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 4 and sys.argv[1] == "--reap":
-        _reap(sys.argv[2:])
-    elif len(sys.argv) > 1 and sys.argv[1] == "--hold":
-        _hold(sys.argv[2:])
-    elif sys.argv[1:] == ["--probe"]:
-        try:
-            _probe()
-        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-            sys.exit(str(exc))

@@ -116,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "faults(*faults): inject refddp.testing.rank.faults (kill, error, hang, exit, delay; "
+        "faults(*faults): inject refddp.testing.faults (kill, error, hang, exit, delay; "
         "kill_node, cut_node) into a rank-side test",
     )
 

@@ -1,7 +1,7 @@
 """Each rank's slot: a small memory-mapped file saying which collective the rank is in.
 
 The rank writes it on every collective it enters (``collectives.py``) and the driver reads it,
-even while the rank is blocked, to explain a hang or a failure (``reports.py``, ``pool.py``);
+even while the rank is blocked, to explain a hang or a failure (``reports.py``, ``tasks.py``);
 a rank waiting in a subgroup's fingerprint check reads its peers' to tell a wait that can end
 from one that cannot (``fingerprint_check.py``). Reading imports nothing heavy.
 """

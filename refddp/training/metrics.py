@@ -1,8 +1,10 @@
-"""What a history record measures besides the losses: memory and model FLOPs utilisation."""
+"""What a history record measures besides the losses (memory and model FLOPs utilisation),
+and the record's log line."""
 
 from __future__ import annotations
 
 import resource
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,3 +45,17 @@ def model_flops_utilisation(
         return None
     # ~6 FLOPs per parameter per sample (forward 2, backward 4) for dense layers.
     return 6 * count_parameters(model) * samples_per_s / world_size() / peak
+
+
+def describe_record(record: dict[str, Any], sequence: bool) -> str:
+    """An evaluation's log line: the losses, the validation metrics that apply, throughput."""
+    parts = [f"train_loss {record['train_loss']:.4f}", f"val_loss {record['val_loss']:.4f}"]
+    names = {"val_perplexity": "val_ppl"}
+    parts += [f"{names.get(k, k)} {v:.4f}" for k, v in record.items()
+              if k.startswith("val_") and k != "val_loss" and isinstance(v, float)]  # fmt: skip
+    if sequence:
+        parts.append(f"{record['targets_per_s']:.0f} tokens/s ({record['samples_per_s']:.0f} "
+                     "samples/s)")  # fmt: skip
+    else:
+        parts.append(f"{record['samples_per_s']:.0f} samples/s")
+    return " ".join(parts)

@@ -7,10 +7,13 @@ The trainer talks to a ``Parallel`` and never to DDP or ``fully_shard`` directly
 - ``grad_norm(max_norm)``: the gradient's total norm, the same on every rank (clipped to
   ``max_norm`` when set), from which every rank decides alike whether to apply the step;
 - ``first_backward_rebuilds``: whether DDP lays its gradient buckets out anew after the first
-  backward, which the trainer then makes before any step (``Trainer.settle_ddp_buckets``);
+  backward, which the trainer then makes before any step (``steps.settle_ddp_buckets``);
 - ``model_state_dict`` / ``optimizer_state_dict`` (full, clean keys,
   torch's own optimizer layout, whatever the strategy: a checkpoint moves freely between DDP,
   FSDP and one process) and ``load_state`` (the reverse).
+
+Besides, ``sync_buffers`` gives every rank rank 0's buffers, which drift apart per rank during
+training, before an evaluation and a checkpoint.
 """
 
 from __future__ import annotations
@@ -354,3 +357,9 @@ def build_parallel(model: nn.Module, c: TrainConfig, ctx: DistContext) -> Parall
     if c.strategy == "fsdp":
         return FullyShardedParallel(model, c, ctx)
     return Parallel(model, c, ctx)
+
+
+def sync_buffers(model: nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)

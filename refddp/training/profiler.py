@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from refddp.checkpoints.run_files import temp_name, writing
-from refddp.config.schema import profile_window
+from refddp.config.validation import profile_window
 
 log = logging.getLogger("refddp")
 MEMORY_HISTORY_ENTRIES = 100_000  # allocator events kept for the CUDA snapshot

@@ -1,53 +1,39 @@
-"""The training loop, one rank's view, with its checkpoints and resume.
+"""The training loop, one rank's view, with its evaluations, checkpoints and resume.
 
 Every rank runs this code in lock step. Rank-0-only work (progress bar, logging, files) never
 contains a collective; anything every rank must agree on goes through one collective that
-every rank reaches (``StepAgreement``, ``rank0_then_meet``, the metric all-reduce). What a
-checkpoint holds and how it is restored lives in ``run_state.py``.
+every rank reaches (``StepAgreement``, ``rank0_then_meet``, the metric all-reduce). One step
+lives in ``steps.py``, the optimizer and the run directory in ``run_setup.py``; what a
+checkpoint holds and how it is restored, in ``run_state.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import signal
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from tqdm import tqdm
 
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
-from refddp.config.schema import (
-    ConfigError,
-    TrainConfig,
-    has_fused_kernel,
-    list_items,
-    per_rank_batch_size,
-    save_yaml,
-)
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.config.validation import list_items, per_rank_batch_size
 from refddp.launch.dist import DistContext, rank0_then_meet
-from refddp.launch.error_file import AGREED_STOP, record_error
 from refddp.launch.stop_signals import StopRequest
-from refddp.training import skips, trackers
+from refddp.training import run_setup, steps, trackers
 from refddp.training.evaluation import agreed_objective, autocast, evaluate
-from refddp.training.metrics import model_flops_utilisation, peak_memory_mb
-from refddp.training.parallel import build_parallel
+from refddp.training.metrics import describe_record, model_flops_utilisation, peak_memory_mb
+from refddp.training.parallel import build_parallel, sync_buffers
 from refddp.training.profiler import StepProfiler
 from refddp.training.schedule import Schedule
-from refddp.training.skips import BufferSnapshot, spread_nonfinite
-from refddp.training.step_agreement import (
-    LateLoss,
-    NonFiniteStep,
-    StepAgreement,
-    ranks_with_nonfinite_loss,
-)
+from refddp.training.skips import BufferSnapshot
+from refddp.training.step_agreement import LateLoss, StepAgreement
 from refddp.training.stragglers import (
     StragglerWatch,
     ranks_per_node,
@@ -60,55 +46,8 @@ from refddp.training.watchdog import HangWatchdog
 from refddp.training.window import Window
 from refddp.workload.data import GlobalBatchSampler, build_datasets, make_loader
 from refddp.workload.models import build_model, count_parameters
-from refddp.workload.objectives.batches import to_device
 
 log = logging.getLogger("refddp")
-
-
-def build_optimizer(model: nn.Module, c: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """``fused``: torch's one-kernel-a-step implementation (``fuses_on_cuda``)."""
-    if c.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=c.lr, momentum=c.momentum,
-                               weight_decay=c.weight_decay, fused=fused or None)  # fmt: skip
-    return torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay,
-                             fused=fused or None)  # fmt: skip
-
-
-def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
-    """Whether the optimizer is built fused: on CUDA, one kernel a step instead of a few per
-    parameter group (the CPU keeps torch's default). Not SGD under FSDP (torch has no fused
-    SGD for sharded parameters), nor under amp fp16, where a fused SGD once created its
-    momentum buffer uninitialised on an overflowing first step; kept unfused until a GPU
-    shows it right (docs/known-limitations.md)."""
-    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"
-    return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely
-
-
-def sync_buffers(model: nn.Module) -> None:
-    """Give every rank rank 0's buffers (BatchNorm statistics drift per rank during training)."""
-    for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
-
-
-def describe_record(record: dict[str, Any], sequence: bool) -> str:
-    """An evaluation's log line: the losses, the validation metrics that apply, throughput."""
-    parts = [f"train_loss {record['train_loss']:.4f}", f"val_loss {record['val_loss']:.4f}"]
-    names = {"val_perplexity": "val_ppl"}
-    parts += [f"{names.get(k, k)} {v:.4f}" for k, v in record.items()
-              if k.startswith("val_") and k != "val_loss" and isinstance(v, float)]  # fmt: skip
-    if sequence:
-        parts.append(f"{record['targets_per_s']:.0f} tokens/s ({record['samples_per_s']:.0f} "
-                     "samples/s)")  # fmt: skip
-    else:
-        parts.append(f"{record['samples_per_s']:.0f} samples/s")
-    return " ".join(parts)
-
-
-def prepare_run_dir(c: TrainConfig) -> None:
-    path = os.path.join(c.out, "config.yaml")
-    with ckpt.writing(path):
-        os.makedirs(c.out, exist_ok=True)
-        save_yaml(c, path)
 
 
 class Trainer:
@@ -117,7 +56,7 @@ class Trainer:
     def __init__(self, c: TrainConfig, ctx: DistContext, watchdog: HangWatchdog | None = None):
         self.c, self.ctx, self.watchdog = c, ctx, watchdog
         self.device = torch.device(ctx.device)
-        rank0_then_meet(lambda: prepare_run_dir(c))
+        rank0_then_meet(lambda: run_setup.prepare_run_dir(c))
         self.model = build_model(c).to(self.device)
         self.train_set, self.val_set = build_datasets(c)
         self.objective = agreed_objective(c, self.model, self.train_set, ctx)
@@ -151,8 +90,8 @@ class Trainer:
         # DDP (or FSDP) starts every replica from rank 0's parameters and buffers.
         self.parallel = build_parallel(self.model, c, ctx)
         self.forward = self.parallel.module
-        fused = fuses_on_cuda(c, self.device)
-        self.optimizer = build_optimizer(self.model, c, fused)  # after FSDP's sharding
+        fused = run_setup.fuses_on_cuda(c, self.device)
+        self.optimizer = run_setup.build_optimizer(self.model, c, fused)  # after FSDP's sharding
         self.before_step = BufferSnapshot(self.model)  # put back when a step is skipped
         # Once per invocation, before its first step (``settle_ddp_buckets``).
         self.bucket_layout_pending = self.parallel.first_backward_rebuilds
@@ -326,145 +265,10 @@ class Trainer:
         return iter(self.loader)
 
     def train_step(self, batches: Any) -> int:
-        """One training step: forward and backward over ``grad_accum`` micro-batches, then the
-        update (clip, step) unless the gradient is non-finite (then ``skip_step``).
+        """One training step (``refddp/training/steps.py``): forward and backward over
+        ``grad_accum`` micro-batches, then the update unless the gradient is non-finite.
         Returns the stop signal any rank had received when the step began (0: none)."""
-        c, window = self.c, self.window
-        waited = time.perf_counter()
-        micro_batches = [next(batches) for _ in range(c.grad_accum)]
-        window.data_wait += time.perf_counter() - waited
-        if self.bucket_layout_pending:
-            self.settle_ddp_buckets(micro_batches[0])
-        # Counted before any forward, so that the agreement below is in flight while the
-        # forward runs: the loss's normaliser is the global batch's target count.
-        targets = self.host_target_count(micro_batches)
-        # One small all-reduce a step: the global target count, the stop signals, the last
-        # step's loss for the trackers (refddp/training/step_agreement.py).
-        self.agreement.send(targets, self.late_loss.to_send())
-        self.before_step.take()  # the buffers, put back if this step is skipped
-        step_loss = None
-        for micro, batch in enumerate(micro_batches):
-            last = micro == c.grad_accum - 1
-            # Only the last backward all-reduces the gradients; the others accumulate locally.
-            with contextlib.nullcontext() if last else self.parallel.no_sync():
-                with window.computing():
-                    loss = self.micro_loss(self.forward, self.on_device(batch))
-                # world size / the global count (waited for here): the gradient is then the
-                # global batch's mean; NaN where this rank's loss is non-finite, which the
-                # gradient reduction carries to every rank (refddp/training/skips.py).
-                scale = spread_nonfinite(self.loss_scale(loss.total.dtype), loss.total)
-                with window.computing(not (last and self.several)):  # not the wait for others
-                    self.scaler.scale(loss.total * scale).backward()
-            detached = loss.total.detach()
-            step_loss = detached if step_loss is None else step_loss + detached
-        assert step_loss is not None  # grad_accum >= 1
-        # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
-        # holds the same gradient, so every rank finds the same norm and takes the same branch
-        # (FSDP's norm is one all-reduce of the shards' norms).
-        if self.scaling:
-            self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient
-        norm = self.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
-        agreed = self.agreement.read(norm)  # one host read a step: the norm and the agreement
-        self.late_loss.agreed(agreed.previous_loss_sum)  # the step before's, to the trackers
-        step = self.pos.step = self.pos.step + 1
-        self.late_loss.hold(step, step_loss, agreed.targets, self.optimizer.param_groups[0]["lr"])
-        if self.update(step, step_loss, agreed.grad_norm):
-            window.add_loss(step_loss, targets)
-        window.targets += agreed.targets
-        window.samples += self.global_batch
-        window.steps += 1
-        if self.watchdog:
-            self.watchdog.progress()
-        return agreed.signal
-
-    def host_target_count(self, micro_batches: list[Any]) -> int:
-        """This rank's targets in ``micro_batches``, counted where the loader made them (on
-        the host, before they move to the device): no device read."""
-        return sum(int(self.objective.count(batch)) for batch in micro_batches)
-
-    def settle_ddp_buckets(self, batch: Any) -> None:
-        """One backward of a zero loss on ``batch`` before this invocation's first step, so
-        that every step of every run, fresh or resumed, all-reduces its gradient in DDP's
-        rebuilt bucket layout (why: ``Parallel.first_backward_rebuilds``). It leaves nothing
-        behind: its gradient is dropped, the buffers its forward changed are put back, and
-        the random streams it drew from (dropout) are as they were."""
-        started = time.perf_counter()
-        self.before_step.take()
-        on_host = self.device.type == "cpu"  # (the CPU's stream is forked always)
-        with torch.random.fork_rng(devices=[] if on_host else [self.device],
-                                   device_type="cuda" if on_host else self.device.type):
-            loss = self.micro_loss(self.forward, self.on_device(batch))
-            (loss.total * 0).backward()
-        self.model.zero_grad(set_to_none=True)  # (parameters outside the optimizer too)
-        self.before_step.restore()
-        self.bucket_layout_pending = False
-        self.window.exclude(started)  # a start cost, not training
-
-    def on_device(self, batch: Any) -> Any:
-        """``batch`` on this rank's device (on the CPU it is where the loader made it)."""
-        return to_device(batch, self.device) if self.moves_batches else batch
-
-    def loss_scale(self, dtype: torch.dtype) -> torch.Tensor:
-        """What a micro-batch's loss sum (of ``dtype``) is multiplied by before its backward:
-        world size / the global batch's target count. DDP averages gradients over ranks, so
-        the gradient applied is then the sum over every target of the global batch divided by
-        their count, at any world size and accumulation split (0 if the batch has no target).
-        In float32 at least, whatever the loss's dtype."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        if self.objective.counts_samples:  # one target a sample: the count is the global batch
-            return self.sample_scale(dtype)
-        count = self.agreement.targets()  # waits for the agreed count (in flight since the start)
-        return torch.where(count > 0, self.ctx.world_size / count, 0.0).to(dtype)
-
-    def sample_scale(self, dtype: torch.dtype) -> torch.Tensor:
-        """``loss_scale`` where every sample is one target: world size / global batch, made
-        once per dtype (a tensor made from a float each step would be a host-to-device copy,
-        which waits for the device)."""
-        if dtype not in self.sample_scales:
-            self.sample_scales[dtype] = torch.tensor(self.ctx.world_size / self.global_batch,
-                                                     dtype=dtype, device=self.device)  # fmt: skip
-        return self.sample_scales[dtype]
-
-    def update(self, step: int, step_loss: torch.Tensor, norm: float) -> bool:
-        """Apply step ``step``'s update unless the gradient's ``norm`` (the same on every rank)
-        is non-finite: then skip it on every rank alike (``skip_step``). True if applied."""
-        applied = math.isfinite(norm)
-        if applied:
-            # Not GradScaler.step, which reads its own overflow check on the host: the norm,
-            # read already, says the gradient is finite.
-            self.optimizer.step()
-            if self.scaling:
-                self.scaler.update()  # GradScaler's growth count
-        self.optimizer.zero_grad(set_to_none=True)
-        if not applied:
-            self.skip_step(step, step_loss, norm)
-            return False
-        self.pos.skipped_in_a_row = 0
-        self.schedule.advance(self.pos.updates)  # the rate of the next update
-        return True
-
-    def skip_step(self, step: int, step_loss: torch.Tensor, norm: float) -> None:
-        """Step ``step`` is not applied (every rank is here alike): the buffers its forward
-        changed are put back, GradScaler backs off for an overflow, the skip is counted and
-        recorded, and the run ends if it trains nothing (refddp/training/skips.py). Only the
-        data position has advanced."""
-        bad = ranks_with_nonfinite_loss(step_loss, self.several)  # a collective: every rank
-        self.before_step.restore()
-        overflow = skips.end_scaler_iteration(self.scaler, bool(bad)) if self.scaling else None
-        pos = self.pos
-        pos.skipped_steps += 1
-        pos.skipped_in_a_row += 1
-        why = skips.cause(bad, self.ctx.world_size, norm, overflow)
-        self.trackers.skipped(step, why, pos.skipped_steps)
-        ends = skips.run_ends(self.c, pos.skipped_in_a_row, overflow)
-        if ends:
-            said = f"step {step}: {why}; stopping every rank ({ends})"
-            recorded = record_error(said, AGREED_STOP)
-            if self.several:  # every rank is here: none exits before all have recorded
-                dist.barrier()
-            raise NonFiniteStep(said, recorded=recorded)
-        if self.ctx.is_main:
-            log.warning("step %d: %s; update skipped on every rank", step, why)
+        return steps.train_step(self, batches)
 
     def settle(self) -> int:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for

@@ -6,7 +6,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from refddp.config.schema import ConfigError, is_import_path
+from refddp.config.schema import ConfigError
+from refddp.config.validation import is_import_path
 
 __all__ = ["is_import_path", "load_callable"]
 

@@ -23,6 +23,7 @@ import torch
 
 from refddp.testing import cluster as cluster_module
 from refddp.testing.cluster import Cluster
+from refddp.testing.nodes.namespaces import PREFIX
 from tests.cli_runs import REPO, run, train_command
 
 pytestmark = [
@@ -190,7 +191,7 @@ def test_a_new_cluster_removes_what_a_dead_process_left():
     # As a run killed before its reaper could act (the machine rebooted its container, say).
     dead = subprocess.Popen(["true"])
     dead.wait()
-    left = f"{cluster_module.PREFIX}{dead.pid}-0-switch"
+    left = f"{PREFIX}{dead.pid}-0-switch"
     subprocess.run(["ip", "netns", "add", left], check=True)
     try:
         with Cluster(1):

@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, RankTimeout, fault_point
-from refddp.testing.rank import faults
+from refddp.testing import RankFailure, RankTimeout, fault_point, faults
 from refddp.testing.rank_lists import parse_rank_list
 from tests.multiproc.test_harness import assert_pool_healthy
 from tests.rank_tasks import raises_after_one_all_reduce

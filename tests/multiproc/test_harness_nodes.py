@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, rank_context
-from refddp.testing.rank import faults
+from refddp.testing import RankFailure, faults, rank_context
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 

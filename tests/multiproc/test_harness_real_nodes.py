@@ -16,10 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, RankTimeout
+from refddp.testing import RankFailure, RankTimeout, faults
 from refddp.testing import cluster as cluster_module
 from refddp.testing.driver import warm_pools
-from refddp.testing.rank import faults
 
 pytestmark = [
     pytest.mark.skipif(cluster_module.unavailable_to_ranks() is not None,

@@ -1,6 +1,6 @@
 """Nothing non-finite reaches the weights: a step whose loss on any rank, or whose all-reduced
 gradient, is non-finite is skipped on every rank (or stops every rank), decided from the
-gradient's norm, which is the same on every rank after the all-reduce (``refddp/training/trainer.py``).
+gradient's norm, which is the same on every rank after the all-reduce (``refddp/training/steps.py``).
 
 The losses misbehave on one marked training sample (``tests/user_code.py``), so on one rank at
 one step: a NaN gradient behind a finite loss (a distance between a vector and its detached

@@ -11,9 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refddp.testing import RankFailure, RankTimeout, record_collectives
+from refddp.testing import RankFailure, RankTimeout, faults, record_collectives
 from refddp.testing.checks import collectives
-from refddp.testing.rank import faults
 
 DEADLINE = 30.0  # every failure below is reported long before this
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from refddp.launch.dist import init_distributed
-from refddp.testing import RankFailure, rank_context
-from refddp.testing.rank import faults
+from refddp.testing import RankFailure, faults, rank_context
 from refddp.train import take_rank0_run_config
 from refddp.training.trainer import Trainer
 from refddp.training.watchdog import HangWatchdog

@@ -23,6 +23,7 @@ class Mutant:
 
 
 DATA, TRAINER, EVALUATION = "refddp/workload/data.py", "refddp/training/trainer.py", "refddp/training/evaluation.py"
+STEPS, RUN_SETUP = "refddp/training/steps.py", "refddp/training/run_setup.py"
 CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/checks/collectives.py"
 SIGNATURES, CHECK = "refddp/testing/checks/signatures.py", "refddp/testing/checks/fingerprint.py"
 GROUP_METHODS = "refddp/testing/checks/process_groups.py"
@@ -53,12 +54,14 @@ T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objec
 SLURM, T_SLURM_ENV = "refddp/launch/slurm.py", "tests/unit/test_slurm_environment.py"
 T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
 EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
-FAULTS, T_FAULTS = "refddp/testing/rank/faults.py", "tests/multiproc/test_harness_faults.py"
+FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
 NODES, T_NODES = "refddp/testing/nodes/simulated.py", "tests/multiproc/test_harness_nodes.py"
 REPORTS, POOL = "refddp/testing/driver/reports.py", "refddp/testing/driver/pool.py"
+TASKS = "refddp/testing/driver/tasks.py"
 T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
 T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
 CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
+NAMESPACES = "refddp/testing/nodes/namespaces.py"
 NETWORK, T_NETWORK = "refddp/launch/network_checks.py", "tests/multiproc/test_doctor_network.py"
 RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank_lists.py"
 T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
@@ -925,8 +928,8 @@ MUTANTS = (
         (f"{T_FAULTS}::test_a_fault_at_a_named_point_fires_there",),
     ),
     Mutant(
-        "unfired-fault-passes", "a fault that never fires fails the test", POOL,
-        "        if unfired:\n", "        if False:\n",
+        "unfired-fault-passes", "a fault that never fires fails the test", TASKS,
+        "    if unfired:\n", "    if False:\n",
         (f"{T_FAULTS}::test_a_fault_that_never_fires_fails_the_test",),
     ),
     Mutant(
@@ -1088,9 +1091,9 @@ MUTANTS = (
     # The step (refddp/training/trainer.py, refddp/training/step_agreement.py): exact normalisation by a count
     # agreed before the backward, the skip decided from the all-reduced gradient's norm.
     Mutant(
-        "count-of-one-micro-batch", "exact normalisation over every micro-batch", TRAINER,
-        "return sum(int(self.objective.count(batch)) for batch in micro_batches)",
-        "return int(self.objective.count(micro_batches[0])) * len(micro_batches)",
+        "count-of-one-micro-batch", "exact normalisation over every micro-batch", STEPS,
+        "return sum(int(trainer.objective.count(batch)) for batch in micro_batches)",
+        "return int(trainer.objective.count(micro_batches[0])) * len(micro_batches)",
         (f"{T_SEQ}::test_token_loss_gives_the_same_weights_at_any_world_size_and_accumulation_split[cross_entropy]",),
     ),
     Mutant(
@@ -1101,28 +1104,28 @@ MUTANTS = (
          "_split[cross_entropy]",),
     ),
     Mutant(
-        "token-count-taken-as-samples", "exact normalisation by targets, not samples", TRAINER,
-        "        if self.objective.counts_samples:", "        if True:",
+        "token-count-taken-as-samples", "exact normalisation by targets, not samples", STEPS,
+        "    if trainer.objective.counts_samples:", "    if True:",
         (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
          "_global_batch",),
     ),
     Mutant(
-        "loss-not-scaled", "the gradient is the mean over the global batch", TRAINER,
-        "self.scaler.scale(loss.total * scale).backward()",
-        "self.scaler.scale(loss.total).backward()",
+        "loss-not-scaled", "the gradient is the mean over the global batch", STEPS,
+        "trainer.scaler.scale(loss.total * scale).backward()",
+        "trainer.scaler.scale(loss.total).backward()",
         (f"{T_SEQ}::test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the"
          "_global_batch",),
     ),
     Mutant(
-        "sync-every-micro-batch", "one gradient all-reduce per optimizer step", TRAINER,
-        "with contextlib.nullcontext() if last else self.parallel.no_sync():",
+        "sync-every-micro-batch", "one gradient all-reduce per optimizer step", STEPS,
+        "with contextlib.nullcontext() if last else trainer.parallel.no_sync():",
         "with contextlib.nullcontext():",
         (f"{T_TRAINER}::test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the"
          "_accumulation[3]",),
     ),
     Mutant(
-        "clip-scaled-gradient", "unscale before clipping", TRAINER,
-        "self.scaler.unscale_(self.optimizer)  # the norm and clipping see the true gradient",
+        "clip-scaled-gradient", "unscale before clipping", STEPS,
+        "trainer.scaler.unscale_(trainer.optimizer)  # the norm and clipping see the true gradient",
         "pass",
         (f"{T_TRAINER}::test_gradient_clipping_bounds_the_true_gradient_under_amp",),
     ),
@@ -1132,13 +1135,13 @@ MUTANTS = (
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[inf-loss-ddp]",),
     ),
     Mutant(
-        "nonfinite-gradient-applied", "nothing non-finite reaches the weights", TRAINER,
-        "        applied = math.isfinite(norm)\n", "        applied = True\n",
+        "nonfinite-gradient-applied", "nothing non-finite reaches the weights", STEPS,
+        "    applied = math.isfinite(norm)\n", "    applied = True\n",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
-        "nonfinite-step-not-counted", "a skipped step is counted and said", TRAINER,
-        "        pos.skipped_steps += 1\n", "",
+        "nonfinite-step-not-counted", "a skipped step is counted and said", STEPS,
+        "    pos.skipped_steps += 1\n", "",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
@@ -1148,8 +1151,8 @@ MUTANTS = (
     ),
     Mutant(
         "agreed-stop-not-recorded", "an agreed stop is one line, its cause",
-        TRAINER, "            recorded = record_error(said, AGREED_STOP)",
-        "            recorded = False",
+        STEPS, "        recorded = record_error(said, AGREED_STOP)",
+        "        recorded = False",
         (f"{T_NONFINITE}::test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line"
          "[inf-loss]",),
     ),
@@ -1168,8 +1171,8 @@ MUTANTS = (
     ),
     Mutant(
         "fp16-overflow-applied-as-trained", "an fp16 overflow is a skipped step, counted",
-        TRAINER, "        applied = math.isfinite(norm)\n",
-        "        applied = math.isfinite(norm) or self.scaling\n",
+        STEPS, "    applied = math.isfinite(norm)\n",
+        "    applied = math.isfinite(norm) or trainer.scaling\n",
         (f"{T_DDP}::test_fp16_scaler_skips_overflowing_steps_on_every_rank_alike",),
     ),
     Mutant(
@@ -1233,33 +1236,33 @@ MUTANTS = (
     ),
     Mutant(
         "straggler-compute-includes-the-wait", "a rank's compute excludes waiting for others",
-        TRAINER, "with window.computing(not (last and self.several)):",
+        STEPS, "with window.computing(not (last and trainer.several)):",
         "with window.computing():",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
          "[0-forward-1]",),
     ),
     Mutant(
-        "straggler-backward-not-timed", "a rank slow in its backward is named", TRAINER,
-        "with window.computing(not (last and self.several)):",
+        "straggler-backward-not-timed", "a rank slow in its backward is named", STEPS,
+        "with window.computing(not (last and trainer.several)):",
         "with window.computing(False):",
         (f"{T_STRAGGLERS}::test_a_rank_persistently_slower_is_named_in_history_and_warned_about"
          "[1-backward-2]",),
     ),
     Mutant(
         "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
-        TRAINER, 'return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely',
+        RUN_SETUP, 'return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely',
         'return device.type == "cuda" and not skips_unsafely',
         ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
     ),
     Mutant(
         "fused-sgd-under-fp16", "fp16's skipped first step never leaves SGD's momentum unset",
-        TRAINER, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
+        RUN_SETUP, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
         "    skips_unsafely = False\n",
         ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
     ),
     Mutant(
         "cuda-optimizer-unfused", "on CUDA the optimizer is fused", TRAINER,
-        "        fused = fuses_on_cuda(c, self.device)\n", "        fused = False\n",
+        "        fused = run_setup.fuses_on_cuda(c, self.device)\n", "        fused = False\n",
         (f"{T_KERNELS}::test_the_trainer_fuses_its_optimizer_where_cuda_has_the_kernel[world_size=1-True]",),
     ),
     Mutant(
@@ -1322,9 +1325,9 @@ MUTANTS = (
     Mutant(
         "only-confirmed-ranks-named",
         "a rank skipping any collective is named in seconds",
-        POOL,
-        "        return doomed if confirmed else []",
-        "        return [r for r in doomed if now - suspects[r][1] >= ONE_SIDED_CONFIRM_S]",
+        TASKS,
+        "    return doomed if confirmed else []",
+        "    return [r for r in doomed if now - suspects[r][1] >= ONE_SIDED_CONFIRM_S]",
         (f"{T_SKIPPED}::test_async_reduce_scatter_skipped_by_one_rank_is_named_within_seconds",),
         equivalent="ranks become blocked for good together, when the last rank that could "
         "help stops being able to (blocked_for_good's fixed point), so their confirmation "
@@ -1370,9 +1373,9 @@ MUTANTS = (
     Mutant(
         "failed-in-a-skipped-collective-unblamed",
         "a rank skipping any collective is named in seconds",
-        POOL,
-        "            elif absent:\n",
-        "            elif False:\n",
+        TASKS,
+        "        elif absent:\n",
+        "        elif False:\n",
         (f"{T_SKIPPED}::test_subgroup_collective_skipped_blames_the_member_not_the_outsider",),
     ),
     Mutant(
@@ -1382,12 +1385,12 @@ MUTANTS = (
         (f"{T_CLUSTER}::test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",),
     ),
     Mutant(
-        "no-reaper-for-a-killed-run", "a cluster leaves nothing behind", CLUSTER,
+        "no-reaper-for-a-killed-run", "a cluster leaves nothing behind", NAMESPACES,
         "        _reap(sys.argv[2:])", "        pass",
         (f"{T_CLUSTER}::test_a_killed_test_run_leaves_no_namespace_behind",),
     ),
     Mutant(
-        "dead-runs-clusters-kept", "a cluster leaves nothing behind", CLUSTER,
+        "dead-runs-clusters-kept", "a cluster leaves nothing behind", NAMESPACES,
         "    remove(stale)\n", "",
         (f"{T_CLUSTER}::test_a_new_cluster_removes_what_a_dead_process_left",),
     ),
@@ -1488,7 +1491,7 @@ MUTANTS = (
     ),
     Mutant(
         "node-throttle-does-nothing", "a slow node's ranks are named", CLUSTER,
-        "                _signal_all(pids, signal.SIGSTOP)\n", "",
+        "                signal_all(pids, signal.SIGSTOP)\n", "",
         (f"{T_CLUSTER}::test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report",),
     ),
     Mutant(
@@ -1562,7 +1565,7 @@ MUTANTS = (
     ),
     Mutant(
         "lost-node-not-in-the-headline", "a node killed or cut in the harness is named",
-        POOL, "            headline = self._lost_nodes(replies, fired) + headline\n", "",
+        TASKS, "        headline = _lost_nodes(pool, replies, fired) + headline\n", "",
         (f"{T_NODES}::test_a_node_killed_at_a_collective_is_reported_as_lost_with_its_ranks",),
     ),
     Mutant(
@@ -1583,7 +1586,7 @@ MUTANTS = (
     ),
     Mutant(
         "no-cluster-without-root", "a cluster without root, in a user namespace",
-        CLUSTER, '        return "user", ""\n', '        return "", "not root"\n',
+        NAMESPACES, '        return "user", ""\n', '        return "", "not root"\n',
         (T_UNPRIVILEGED,),
     ),
     Mutant(
@@ -1599,7 +1602,7 @@ MUTANTS = (
     ),
     Mutant(
         "user-namespace-reaper-keeps-hosts-files", "a cluster without root, in a user namespace",
-        CLUSTER, "        shutil.rmtree(hosts_dir, ignore_errors=True)\n", "        pass\n",
+        NAMESPACES, "        shutil.rmtree(hosts_dir, ignore_errors=True)\n", "        pass\n",
         (T_UNPRIVILEGED,),
     ),
     Mutant(
@@ -1779,8 +1782,8 @@ MUTANTS = (
     ),
     # Issue 47: the step's promises at their edges.
     Mutant(
-        "skipped-step-keeps-the-buffers-changed", "a skipped step leaves no trace", TRAINER,
-        "every rank\n        self.before_step.restore()\n", "every rank\n",
+        "skipped-step-keeps-the-buffers-changed", "a skipped step leaves no trace", STEPS,
+        "every rank\n    trainer.before_step.restore()\n", "every rank\n",
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",
          f"{T_SKIPPED_STEPS}::test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record"),
     ),
@@ -1791,10 +1794,10 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
     ),
     Mutant(
-        "schedule-advances-on-a-skipped-step", "a skipped step leaves no trace", TRAINER,
-        "            self.skip_step(step, step_loss, norm)\n            return False\n",
-        "            self.skip_step(step, step_loss, norm)\n            self.schedule.scheduler.step()\n"
-        "            return False\n",
+        "schedule-advances-on-a-skipped-step", "a skipped step leaves no trace", STEPS,
+        "        skip_step(trainer, step, step_loss, norm)\n        return False\n",
+        "        skip_step(trainer, step, step_loss, norm)\n        trainer.schedule.scheduler.step()\n"
+        "        return False\n",
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
     ),
     Mutant(
@@ -1825,8 +1828,8 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
     ),
     Mutant(
-        "skips-in-a-row-never-reset", "no run that trains nothing exits 0", TRAINER,
-        "        self.pos.skipped_in_a_row = 0\n", "",
+        "skips-in-a-row-never-reset", "no run that trains nothing exits 0", STEPS,
+        "    trainer.pos.skipped_in_a_row = 0\n", "",
         (f"{T_SKIPPED_STEPS}::test_the_consecutive_limit_counts_skips_in_a_row_only",),
     ),
     Mutant(
@@ -1853,9 +1856,9 @@ MUTANTS = (
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-4]",),
     ),
     Mutant(
-        "bucket-settle-leaves-buffers-changed", "bit-exact resume at any world size", TRAINER,
-        "        self.before_step.restore()\n        self.bucket_layout_pending = False\n",
-        "        self.bucket_layout_pending = False\n",
+        "bucket-settle-leaves-buffers-changed", "bit-exact resume at any world size", STEPS,
+        "    trainer.before_step.restore()\n    trainer.bucket_layout_pending = False\n",
+        "    trainer.bucket_layout_pending = False\n",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
     ),
     Mutant(
@@ -1871,10 +1874,10 @@ MUTANTS = (
         ("tests/unit/test_skips.py::test_finite_gradients_whose_norm_overflowed_change_nothing",),
     ),
     Mutant(
-        "bucket-settle-draws-dropout-masks", "bit-exact resume at any world size", TRAINER,
-        "        with torch.random.fork_rng(devices=[] if on_host else [self.device],\n"
-        "                                   device_type=\"cuda\" if on_host else self.device.type):",
-        "        with contextlib.nullcontext():",
+        "bucket-settle-draws-dropout-masks", "bit-exact resume at any world size", STEPS,
+        "    with torch.random.fork_rng(devices=[] if on_host else [trainer.device],\n"
+        "                               device_type=\"cuda\" if on_host else trainer.device.type):",
+        "    with contextlib.nullcontext():",
         (f"{T_TRAINER}::test_exact_resume_in_process_is_bit_identical[ddp-3-convnet]",),
     ),
     Mutant(
@@ -1884,10 +1887,10 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[fsdp-bf16]",),
     ),
     Mutant(
-        "fp16-step-reads-gradscalers-check", "one device-to-host read a step", TRAINER,
-        "            self.optimizer.step()\n            if self.scaling:",
-        "            self.scaler.step(self.optimizer) if self.scaling else self.optimizer.step()\n"
-        "            if self.scaling:",
+        "fp16-step-reads-gradscalers-check", "one device-to-host read a step", STEPS,
+        "        trainer.optimizer.step()\n        if trainer.scaling:",
+        "        trainer.scaler.step(trainer.optimizer) if trainer.scaling else trainer.optimizer.step()\n"
+        "        if trainer.scaling:",
         (f"{T_SKIPPED_STEPS}::test_a_step_reads_from_the_device_once[fp16]",),
     ),
     # Issue 51: a hang's stacks, always.

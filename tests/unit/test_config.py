@@ -5,16 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from refddp.config.schema import (
-    FIELDS,
-    ConfigError,
-    TrainConfig,
-    build_parser,
-    load_yaml,
-    merge,
-    parse_cli,
-    per_rank_batch_size,
-)
+from refddp.config.command_line import build_parser, load_yaml, merge, parse_cli
+from refddp.config.schema import FIELDS, ConfigError, TrainConfig
+from refddp.config.validation import per_rank_batch_size
 
 
 def resolve(argv, yaml_values=None, checkpoint=None):
@@ -116,6 +109,6 @@ def test_fields_table_matches_the_dataclass():
     ],
 )
 def test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel(flags, device, fused):
-    from refddp.training.trainer import fuses_on_cuda
+    from refddp.training.run_setup import fuses_on_cuda
 
     assert fuses_on_cuda(TrainConfig(**flags), torch.device(device)) is fused

@@ -1,4 +1,4 @@
-"""refddp.launch.dist.end_process: how every rank process ends (issue 15: no SIGABRT after a run)."""
+"""refddp.launch.exits.end_process: how every rank process ends (issue 15: no SIGABRT after a run)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from tests.cli_runs import REPO
 
 SCRIPT = """
 import atexit, sys, torch, torch.distributed as dist
-from refddp.launch.dist import end_process
+from refddp.launch.exits import end_process
 
 def main():
     atexit.register(lambda: print("exit handlers ran"))

@@ -21,8 +21,8 @@ from refddp.checkpoints import run_state
 from refddp.config.schema import TrainConfig
 from refddp.launch.dist import DistContext
 from refddp.training.parallel import build_parallel
+from refddp.training.run_setup import build_optimizer
 from refddp.training.schedule import Schedule
-from refddp.training.trainer import build_optimizer
 from refddp.workload.models import build_model
 
 pytest.importorskip("safetensors", reason="the export extra: pip install 'refddp[export]'")

@@ -1,4 +1,5 @@
-"""No refddp module imports another that imports it back, however late the import.
+"""No refddp module imports another that imports it back, however late the import, and each
+part of the layout imports only the parts docs/layout.md says it may.
 
 Read from the source (no module is imported): every ``import`` statement counts, at module
 level, inside a function or under ``if TYPE_CHECKING``. A ``from package import name`` names
@@ -95,3 +96,94 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
     assert find_cycle(import_graph(package)) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
     (package / "c.py").write_text("def helper():\n    return 1\n")
     assert find_cycle(import_graph(package)) is None
+
+
+# The parts of the layout, lowest first, and what each may import besides itself
+# (docs/layout.md, "What may import what"). A module belongs to the part with the longest
+# prefix of its name; the package's own ``refddp/__init__.py`` is a command-level entry point.
+PARTS = {
+    "config": ("refddp.config",),
+    "launch": ("refddp.launch",),
+    "workload": ("refddp.workload",),
+    "checkpoints": ("refddp.checkpoints",),
+    "training": ("refddp.training",),
+    "commands": ("refddp", "refddp.train", "refddp.doctor", "refddp.export", "refddp.plot",
+                 "refddp.convert_checkpoint", "refddp.config_reference"),
+    "lint": ("refddp.lint",),
+    "harness, shared": ("refddp.testing.context", "refddp.testing.protocol",
+                        "refddp.testing.payload", "refddp.testing.slots",
+                        "refddp.testing.rank_lists", "refddp.testing.faults"),
+    "harness, nodes": ("refddp.testing.nodes", "refddp.testing.cluster"),
+    "harness, checks": ("refddp.testing.checks",),
+    "harness, rank side": ("refddp.testing.rank",),
+    "harness, driver side": ("refddp.testing.driver",),
+    "harness, entry points": ("refddp.testing", "refddp.testing.plugin",
+                              "refddp.testing.torch_suites"),
+}
+TRAINER_BASE = {"config", "launch"}
+HARNESS_BASE = {"config", "launch", "harness, shared"}
+MAY_IMPORT = {
+    "config": set(),
+    "launch": {"config"},
+    "workload": {"config", "launch"},
+    "checkpoints": {"config", "launch"},
+    "training": {"config", "launch", "workload", "checkpoints"},
+    "commands": {"config", "launch", "workload", "checkpoints", "training"},
+    "lint": set(),
+    "harness, shared": {"config", "launch"},
+    "harness, nodes": HARNESS_BASE,
+    "harness, checks": HARNESS_BASE,
+    "harness, rank side": HARNESS_BASE | {"harness, nodes", "harness, checks"},
+    "harness, driver side": HARNESS_BASE | {"harness, nodes", "harness, checks",
+                                            "harness, rank side"},
+    "harness, entry points": HARNESS_BASE | {"lint", "harness, nodes", "harness, checks",
+                                             "harness, rank side", "harness, driver side"},
+}
+# The registries of --ckpt-format's and --log-to's choices: the config reads its choices from
+# them, so they import nothing of refddp themselves, and any part may import them.
+REGISTRIES = ("refddp.checkpoints.formats", "refddp.training.trackers")
+
+
+def part_of(module: str) -> str:
+    """The part of the layout ``module`` belongs to (the longest prefix that names it)."""
+    best, length = "", -1
+    for part, prefixes in PARTS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = part, len(prefix)
+    assert best, f"{module}: in no part of the layout (add it to PARTS and docs/layout.md)"
+    return best
+
+
+def arrows_against_the_layout(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that goes where its part may not, as ``importer -> imported (part -> part)``."""
+    wrong = []
+    for importer, imported in sorted(graph.items()):
+        source = part_of(importer)
+        for target in sorted(imported):
+            if target in REGISTRIES:
+                continue
+            dest = part_of(target)
+            if dest != source and dest not in MAY_IMPORT[source]:
+                wrong.append(f"{importer} -> {target} ({source} -> {dest})")
+    return wrong
+
+
+def test_every_part_imports_only_what_the_layout_allows():
+    graph = import_graph(PACKAGE)
+    assert not arrows_against_the_layout(graph), "\n".join(arrows_against_the_layout(graph))
+    assert set(MAY_IMPORT) == set(PARTS)
+    for registry in REGISTRIES:
+        assert graph[registry] == set(), f"{registry} is a registry: it imports nothing of refddp"
+
+
+def test_an_arrow_against_the_layout_is_found():
+    graph = import_graph(PACKAGE)
+    before = set(arrows_against_the_layout(graph))
+    graph["refddp.launch.dist"] = graph["refddp.launch.dist"] | {"refddp.training.trainer"}
+    graph["refddp.testing.rank.worker"] = graph["refddp.testing.rank.worker"] | {
+        "refddp.training.parallel"}
+    assert [a for a in arrows_against_the_layout(graph) if a not in before] == [
+        "refddp.launch.dist -> refddp.training.trainer (launch -> training)",
+        "refddp.testing.rank.worker -> refddp.training.parallel (harness, rank side -> training)",
+    ]

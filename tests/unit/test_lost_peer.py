@@ -1,10 +1,10 @@
-"""A collective that lost its peer names the node (``refddp.launch.dist.lost_peer``): gloo's message
+"""A collective that lost its peer names the node (``refddp.launch.exits.lost_peer``): gloo's message
 names only an address; the host name comes from /etc/hosts, never from DNS."""
 
 import pytest
 
-from refddp.launch import dist as refddp_dist
-from refddp.launch.dist import lost_peer
+from refddp.launch import exits
+from refddp.launch.exits import lost_peer
 
 GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[{}]:5279. This is typically caused by a remote worker crashing.")  # fmt: skip
@@ -14,8 +14,8 @@ GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection c
 def hosts(tmp_path, monkeypatch):
     path = tmp_path / "hosts"
     path.write_text("127.0.0.1 localhost\n10.213.0.2 node1 node1.cluster  # the second node\n")
-    real = refddp_dist._host_in_hosts_file
-    monkeypatch.setattr(refddp_dist, "_host_in_hosts_file", lambda a: real(a, str(path)))
+    real = exits._host_in_hosts_file
+    monkeypatch.setattr(exits, "_host_in_hosts_file", lambda a: real(a, str(path)))
 
 
 def test_the_lost_peer_is_named_by_host_name_and_address(hosts):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import helper
 from refddp.testing import DistributedTestCase
-from refddp.testing.rank import faults
+from refddp.testing import faults
 
 
 @pytest.mark.multiproc

@@ -6,7 +6,8 @@ import torch
 import torch.distributed.fsdp
 
 from refddp.config import torch_support
-from refddp.config.schema import ConfigError, TrainConfig, validate
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.config.validation import validate
 
 
 def test_the_version_is_read_as_major_and_minor(monkeypatch):

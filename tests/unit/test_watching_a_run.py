@@ -4,7 +4,9 @@
 import pytest
 import yaml
 
-from refddp.config.schema import ConfigError, TrainConfig, list_items, load_yaml, merge, parse_cli
+from refddp.config.command_line import load_yaml, merge, parse_cli
+from refddp.config.schema import ConfigError, TrainConfig
+from refddp.config.validation import list_items
 from refddp.training.stragglers import (
     LAG_SHARE,
     PERSISTENT,

@@ -36,10 +36,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from refddp.testing import faults
 from refddp.testing.checks import fingerprint as fingerprint_check
 from refddp.testing.checks import process_groups, signatures
 from refddp.testing.checks.fingerprint import CollectiveMismatch
-from refddp.testing.rank import faults
 from refddp.testing.slots import ASYNC_WAIT, STATE_INSIDE, STATE_OUTSIDE, Slot
 
 __all__ = ["CollectiveMismatch", "enable_fingerprint_check", "install", "record_collectives"]

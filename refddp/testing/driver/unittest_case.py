@@ -98,7 +98,8 @@ class DistributedTestCase(unittest.TestCase):
 
     def _run_on_ranks(self, result: unittest.TestResult | None) -> Any:
         from refddp.testing.context import RankFailure, RankSkipped
-        from refddp.testing.driver.warm_pools import DEFAULT_TIMEOUT_S, PoolKey, run_on_pool
+        from refddp.testing.driver.tasks import DEFAULT_TIMEOUT_S
+        from refddp.testing.driver.warm_pools import PoolKey, run_on_pool
 
         result = result if result is not None else self.defaultTestResult()
         result.startTest(self)

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from refddp.testing.driver import rank_server
-from refddp.testing.driver.pool import DEFAULT_TIMEOUT_S, RankPool, _PoolGone
+from refddp.testing.driver.pool import RankPool
+from refddp.testing.driver.tasks import DEFAULT_TIMEOUT_S, _PoolGone
+from refddp.testing.faults import Fault, check_node_faults
 from refddp.testing.nodes import simulated as node_layout
-from refddp.testing.rank.faults import Fault, check_node_faults
 
 
 class PoolKey(NamedTuple):
@@ -100,7 +101,7 @@ def spawn_ranks(
     """Run ``fn(*args, **kwargs)`` on every rank of a ``world_size`` group; one result per rank.
 
     ``backend=None`` means gloo (the pytest ``spawn`` fixture picks nccl for ``gpu`` tests);
-    ``faults`` are injected (``refddp.testing.rank.faults``); ``nnodes`` splits the ranks into
+    ``faults`` are injected (``refddp.testing.faults``); ``nnodes`` splits the ranks into
     simulated nodes (``nodes.py``), real ones (network namespaces, root only) with
     ``real_nodes``. Raises ``RankFailure`` as soon as a rank fails (``cause``:
     the rank that failed first), ``RankTimeout`` after ``timeout`` seconds (or sooner for a

@@ -1,6 +1,6 @@
 """Rank side of the harness: one process of a pool, run as ``python -m refddp.testing.rank.worker``.
 
-It joins the pool's process group once, then runs tasks sent by the driver (``pool.py``) over a
+It joins the pool's process group once, then runs tasks sent by the driver (``tasks.py``) over a
 private socket until told to stop or until its parent dies; the messages are in ``protocol.py``.
 The driver set this interpreter's environment (``TORCH_DISTRIBUTED_DEBUG`` among it, and
 coverage's settings when the driver is measured) before start, since both act at start-up.
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from refddp.launch.dist import DistContext, exit_with_parent, pin_gloo_to_loopback
-from refddp.testing import context, slots
+from refddp.testing import context, faults, slots
 from refddp.testing.checks import collectives
 from refddp.testing.checks import fingerprint as fingerprint_check
 from refddp.testing.context import RankContext
@@ -59,7 +59,7 @@ from refddp.testing.protocol import (
     Stop,
 )
 from refddp.testing.rank import coverage as rank_coverage
-from refddp.testing.rank import faults, leftovers
+from refddp.testing.rank import leftovers
 
 DRIVER_MAIN = "__refddp_driver_main__"
 

@@ -3,7 +3,7 @@
 The trainer never computes a loss itself. Per micro-batch it asks the objective for
 ``LossTerms``: the loss *summed* over the batch's targets and the number of targets. The
 step's gradient is then the sum over every target of the global batch divided by their
-global count (``refddp/training/trainer.py``), whatever the world size or accumulation split. An
+global count (``refddp/training/steps.py``), whatever the world size or accumulation split. An
 objective that cannot sum (the model returns a mean and nothing says over what) reports its
 mean times the batch's samples, and ``exact = False``: micro-batch means, said at start-up.
 """
@@ -52,7 +52,7 @@ class Objective:
     def count(self, batch: Any) -> torch.Tensor | int:
         """The targets of ``batch`` its loss is summed over, counted before the forward: the
         trainer agrees on the global batch's count while the forward runs and scales the loss
-        by it before the backward (``refddp/training/trainer.py``). ``LossTerms.count`` is the
+        by it before the backward (``refddp/training/steps.py``). ``LossTerms.count`` is the
         same."""
         raise NotImplementedError
 

@@ -1,7 +1,7 @@
 """Faults injected into ranks at an exact point: the k-th collective a rank enters, or a named
 ``fault_point`` in user code.
 
-    from refddp.testing.rank import faults
+    from refddp.testing import faults
     spawn(train, faults=[faults.kill(1, at=3)])          # SIGKILL inside rank 1's 3rd collective
     @pytest.mark.faults(faults.delay(0, "eval", 2.0))   # rank 0 reaches fault_point("eval") late
 

@@ -1,0 +1,181 @@
+"""One training step of a ``Trainer``: forward and backward over the micro-batches, the loss's
+normalisation by the global batch's target count, then the update, or the skip of a step whose
+gradient is non-finite.
+
+The step is the hot path: what it reads from the device and what it waits for are measured
+(``benchmarks/step_overhead.py``) and guarded by their own tests, so it lives apart from the run
+around it (set-up, checkpoints, evaluation and the loop: ``trainer.py``). These are plain
+functions of the trainer, which ``trainer.py`` calls with itself: they read its parts as they
+stand at each step (an evaluation opens a new window, a resume restores the position). Its type
+is not named here, as ``trainer.py`` imports this module. Every rank runs the step in lock step:
+the step's one small all-reduce (``StepAgreement``), the gradient's all-reduce and a skipped
+step's collectives are reached by every rank alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from refddp.launch.error_file import AGREED_STOP, record_error
+from refddp.training import skips
+from refddp.training.skips import spread_nonfinite
+from refddp.training.step_agreement import NonFiniteStep, ranks_with_nonfinite_loss
+from refddp.workload.objectives.batches import to_device
+
+log = logging.getLogger("refddp")
+
+
+def train_step(trainer: Any, batches: Any) -> int:
+    """One training step: forward and backward over ``grad_accum`` micro-batches, then the
+    update (clip, step) unless the gradient is non-finite (then ``skip_step``).
+    Returns the stop signal any rank had received when the step began (0: none)."""
+    c, window = trainer.c, trainer.window
+    waited = time.perf_counter()
+    micro_batches = [next(batches) for _ in range(c.grad_accum)]
+    window.data_wait += time.perf_counter() - waited
+    if trainer.bucket_layout_pending:
+        settle_ddp_buckets(trainer, micro_batches[0])
+    # Counted before any forward, so that the agreement below is in flight while the
+    # forward runs: the loss's normaliser is the global batch's target count.
+    targets = host_target_count(trainer, micro_batches)
+    # One small all-reduce a step: the global target count, the stop signals, the last
+    # step's loss for the trackers (refddp/training/step_agreement.py).
+    trainer.agreement.send(targets, trainer.late_loss.to_send())
+    trainer.before_step.take()  # the buffers, put back if this step is skipped
+    step_loss = None
+    for micro, batch in enumerate(micro_batches):
+        last = micro == c.grad_accum - 1
+        # Only the last backward all-reduces the gradients; the others accumulate locally.
+        with contextlib.nullcontext() if last else trainer.parallel.no_sync():
+            with window.computing():
+                loss = trainer.micro_loss(trainer.forward, on_device(trainer, batch))
+            # world size / the global count (waited for here): the gradient is then the
+            # global batch's mean; NaN where this rank's loss is non-finite, which the
+            # gradient reduction carries to every rank (refddp/training/skips.py).
+            scale = spread_nonfinite(loss_scale(trainer, loss.total.dtype), loss.total)
+            with window.computing(not (last and trainer.several)):  # not the wait for others
+                trainer.scaler.scale(loss.total * scale).backward()
+        detached = loss.total.detach()
+        step_loss = detached if step_loss is None else step_loss + detached
+    assert step_loss is not None  # grad_accum >= 1
+    # The update, unless the gradient is non-finite. After DDP's all-reduce every rank
+    # holds the same gradient, so every rank finds the same norm and takes the same branch
+    # (FSDP's norm is one all-reduce of the shards' norms).
+    if trainer.scaling:
+        trainer.scaler.unscale_(trainer.optimizer)  # the norm and clipping see the true gradient
+    norm = trainer.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
+    agreed = trainer.agreement.read(norm)  # one host read a step: the norm and the agreement
+    trainer.late_loss.agreed(agreed.previous_loss_sum)  # the step before's, to the trackers
+    step = trainer.pos.step = trainer.pos.step + 1
+    trainer.late_loss.hold(step, step_loss, agreed.targets, trainer.optimizer.param_groups[0]["lr"])
+    if update(trainer, step, step_loss, agreed.grad_norm):
+        window.add_loss(step_loss, targets)
+    window.targets += agreed.targets
+    window.samples += trainer.global_batch
+    window.steps += 1
+    if trainer.watchdog:
+        trainer.watchdog.progress()
+    return agreed.signal
+
+
+def host_target_count(trainer: Any, micro_batches: list[Any]) -> int:
+    """This rank's targets in ``micro_batches``, counted where the loader made them (on
+    the host, before they move to the device): no device read."""
+    return sum(int(trainer.objective.count(batch)) for batch in micro_batches)
+
+
+def settle_ddp_buckets(trainer: Any, batch: Any) -> None:
+    """One backward of a zero loss on ``batch`` before this invocation's first step, so
+    that every step of every run, fresh or resumed, all-reduces its gradient in DDP's
+    rebuilt bucket layout (why: ``Parallel.first_backward_rebuilds``). It leaves nothing
+    behind: its gradient is dropped, the buffers its forward changed are put back, and
+    the random streams it drew from (dropout) are as they were."""
+    started = time.perf_counter()
+    trainer.before_step.take()
+    on_host = trainer.device.type == "cpu"  # (the CPU's stream is forked always)
+    with torch.random.fork_rng(devices=[] if on_host else [trainer.device],
+                               device_type="cuda" if on_host else trainer.device.type):
+        loss = trainer.micro_loss(trainer.forward, on_device(trainer, batch))
+        (loss.total * 0).backward()
+    trainer.model.zero_grad(set_to_none=True)  # (parameters outside the optimizer too)
+    trainer.before_step.restore()
+    trainer.bucket_layout_pending = False
+    trainer.window.exclude(started)  # a start cost, not training
+
+
+def on_device(trainer: Any, batch: Any) -> Any:
+    """``batch`` on this rank's device (on the CPU it is where the loader made it)."""
+    return to_device(batch, trainer.device) if trainer.moves_batches else batch
+
+
+def loss_scale(trainer: Any, dtype: torch.dtype) -> torch.Tensor:
+    """What a micro-batch's loss sum (of ``dtype``) is multiplied by before its backward:
+    world size / the global batch's target count. DDP averages gradients over ranks, so
+    the gradient applied is then the sum over every target of the global batch divided by
+    their count, at any world size and accumulation split (0 if the batch has no target).
+    In float32 at least, whatever the loss's dtype."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    if trainer.objective.counts_samples:  # one target a sample: the count is the global batch
+        return sample_scale(trainer, dtype)
+    count = trainer.agreement.targets()  # waits for the agreed count (in flight since the start)
+    return torch.where(count > 0, trainer.ctx.world_size / count, 0.0).to(dtype)
+
+
+def sample_scale(trainer: Any, dtype: torch.dtype) -> torch.Tensor:
+    """``loss_scale`` where every sample is one target: world size / global batch, made
+    once per dtype (a tensor made from a float each step would be a host-to-device copy,
+    which waits for the device)."""
+    if dtype not in trainer.sample_scales:
+        trainer.sample_scales[dtype] = torch.tensor(trainer.ctx.world_size / trainer.global_batch,
+                                                    dtype=dtype, device=trainer.device)  # fmt: skip
+    return trainer.sample_scales[dtype]
+
+
+def update(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> bool:
+    """Apply step ``step``'s update unless the gradient's ``norm`` (the same on every rank)
+    is non-finite: then skip it on every rank alike (``skip_step``). True if applied."""
+    applied = math.isfinite(norm)
+    if applied:
+        # Not GradScaler.step, which reads its own overflow check on the host: the norm,
+        # read already, says the gradient is finite.
+        trainer.optimizer.step()
+        if trainer.scaling:
+            trainer.scaler.update()  # GradScaler's growth count
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if not applied:
+        skip_step(trainer, step, step_loss, norm)
+        return False
+    trainer.pos.skipped_in_a_row = 0
+    trainer.schedule.advance(trainer.pos.updates)  # the rate of the next update
+    return True
+
+
+def skip_step(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> None:
+    """Step ``step`` is not applied (every rank is here alike): the buffers its forward
+    changed are put back, GradScaler backs off for an overflow, the skip is counted and
+    recorded, and the run ends if it trains nothing (refddp/training/skips.py). Only the
+    data position has advanced."""
+    bad = ranks_with_nonfinite_loss(step_loss, trainer.several)  # a collective: every rank
+    trainer.before_step.restore()
+    overflow = skips.end_scaler_iteration(trainer.scaler, bool(bad)) if trainer.scaling else None
+    pos = trainer.pos
+    pos.skipped_steps += 1
+    pos.skipped_in_a_row += 1
+    why = skips.cause(bad, trainer.ctx.world_size, norm, overflow)
+    trainer.trackers.skipped(step, why, pos.skipped_steps)
+    ends = skips.run_ends(trainer.c, pos.skipped_in_a_row, overflow)
+    if ends:
+        said = f"step {step}: {why}; stopping every rank ({ends})"
+        recorded = record_error(said, AGREED_STOP)
+        if trainer.several:  # every rank is here: none exits before all have recorded
+            dist.barrier()
+        raise NonFiniteStep(said, recorded=recorded)
+    if trainer.ctx.is_main:
+        log.warning("step %d: %s; update skipped on every rank", step, why)
