@@ -183,7 +183,8 @@ def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
 
 def has_fused_kernel(c: TrainConfig) -> bool:
     """Whether torch has a fused kernel for this optimizer under this strategy: not SGD over
-    FSDP's sharded parameters (CUDA uses one where it can: ``trainer.fuses_on_cuda``)."""
+    FSDP's sharded parameters (CUDA uses one where it can:
+    ``refddp.training.run_setup.fuses_on_cuda``)."""
     return not (c.strategy == "fsdp" and c.optimizer == "sgd")
 
 
