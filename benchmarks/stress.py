@@ -24,9 +24,9 @@ from record import write  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TESTS = [
-    "tests/multiproc/test_faults.py",
-    "tests/multiproc/test_cli.py",
-    "tests/multiproc/test_exit_codes.py",
+    "tests/training/test_faults.py",
+    "tests/commands/test_cli.py",
+    "tests/launch/test_exit_codes.py",
 ]
 
 

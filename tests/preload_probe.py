@@ -1,4 +1,4 @@
-"""A module the rank server may preload (tests/multiproc/test_rank_server.py): it records which
+"""A module the rank server may preload (tests/harness/test_rank_server.py): it records which
 process imported it, and starts a thread at import when asked to (a module a fork is unsafe
 after)."""
 

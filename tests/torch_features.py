@@ -9,7 +9,7 @@ needs_fsdp2 = pytest.mark.skipif(fsdp2_refused() is not None, reason=str(fsdp2_r
 FSDP = pytest.param("fsdp", marks=needs_fsdp2)  # a strategy parameter that needs FSDP2
 
 # PyTorch's own test helpers (torch.testing._internal) change from release to release; the
-# unmodified PyTorch-style files of tests/unit/test_torch_suites.py are written against 2.13's.
+# unmodified PyTorch-style files of tests/harness/test_torch_suites.py are written against 2.13's.
 # On 2.5, DTensorTestBase has no device_type, and plain pytest collects MultiProcessTestCase
 # itself (it has no runTest there).
 needs_torch_213_test_helpers = pytest.mark.skipif(

@@ -1,0 +1,1 @@
+"""What a run saves and continues from, in each format, written atomically (docs/layout.md)."""

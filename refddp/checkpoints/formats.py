@@ -9,7 +9,7 @@ interface and one line in ``FORMATS``.
 The format modules are imported by name, when first asked for: they import
 ``refddp.config.schema`` (a ``CheckpointError`` is a ``ConfigError``), which imports this module for
 its choices, so this module imports nothing of refddp's
-(``tests/unit/test_import_graph.py`` checks that no refddp module imports another back).
+(``tests/project/test_import_graph.py`` checks that no refddp module imports another back).
 """
 
 from __future__ import annotations

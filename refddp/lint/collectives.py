@@ -22,7 +22,7 @@ import builtins
 import re
 from dataclasses import dataclass
 
-# torch.distributed's public functions, each classified (tests/unit/test_lint_tables.py
+# torch.distributed's public functions, each classified (tests/lint/test_lint_tables.py
 # checks the list against dir(torch.distributed)): every rank of the group must call these.
 COLLECTIVES = frozenset({
     "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object",

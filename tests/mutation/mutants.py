@@ -27,66 +27,66 @@ STEPS, RUN_SETUP = "refddp/training/steps.py", "refddp/training/run_setup.py"
 CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/checks/collectives.py"
 SIGNATURES, CHECK = "refddp/testing/checks/signatures.py", "refddp/testing/checks/fingerprint.py"
 GROUP_METHODS = "refddp/testing/checks/process_groups.py"
-T_SIGNATURES = "tests/unit/test_signatures.py"
-T_FINGERPRINT = "tests/multiproc/test_collective_fingerprint.py"
-T_METHODS = "tests/multiproc/test_process_group_methods.py"
+T_SIGNATURES = "tests/harness/test_signatures.py"
+T_FINGERPRINT = "tests/harness/test_collective_fingerprint.py"
+T_METHODS = "tests/harness/test_process_group_methods.py"
 T_RECORDED_ONCE = (f"{T_METHODS}::test_each_collective_is_recorded_once_whether_called_as_a_"
                    "function_or_a_method")
 RUN_STATE, RUN_FILES = "refddp/checkpoints/run_state.py", "refddp/checkpoints/run_files.py"
 CKPT_FULL = "refddp/checkpoints/full.py"
 SYNC_BN, PARALLEL = "refddp/training/sync_batchnorm.py", "refddp/training/parallel.py"
-T_PARALLEL, T_FSDP = "tests/multiproc/test_parallel.py", "tests/multiproc/test_fsdp.py"
-T_DATA = "tests/unit/test_data.py"
-CKPT_DCP, T_DCP = "refddp/checkpoints/dcp.py", "tests/multiproc/test_checkpoint_dcp.py"
-T_CONVERT = "tests/unit/test_convert_checkpoint.py"
-T_CLI = "tests/multiproc/test_cli.py"
-T_TRAINER = "tests/multiproc/test_trainer_guarantees.py"
-T_MODELS = "tests/multiproc/test_realistic_models.py"
-T_DDP = "tests/multiproc/test_ddp_equivalence.py"
-T_HARNESS = "tests/multiproc/test_harness.py"
-DIST, T_WATCHDOG = "refddp/launch/dist.py", "tests/unit/test_watchdog.py"
+T_PARALLEL, T_FSDP = "tests/training/test_parallel.py", "tests/training/test_fsdp.py"
+T_DATA = "tests/workload/test_data.py"
+CKPT_DCP, T_DCP = "refddp/checkpoints/dcp.py", "tests/checkpoints/test_checkpoint_dcp.py"
+T_CONVERT = "tests/checkpoints/test_convert_checkpoint.py"
+T_CLI = "tests/commands/test_cli.py"
+T_TRAINER = "tests/training/test_trainer_guarantees.py"
+T_MODELS = "tests/training/test_realistic_models.py"
+T_DDP = "tests/training/test_ddp_equivalence.py"
+T_HARNESS = "tests/harness/test_harness.py"
+DIST, T_WATCHDOG = "refddp/launch/dist.py", "tests/training/test_watchdog.py"
 WATCHDOG = "refddp/training/watchdog.py"
-AGREEMENT, T_NONFINITE = "refddp/training/step_agreement.py", "tests/multiproc/test_nonfinite_steps.py"
-T_SCENARIOS = "tests/multiproc/test_step_scenarios.py"
-T_KERNELS = "tests/multiproc/test_optimizer_kernels.py"
-WINDOW, T_SEQ = "refddp/training/window.py", "tests/multiproc/test_sequence_workloads.py"
-T_HF, T_CHECKS = "tests/multiproc/test_hf_model.py", "tests/multiproc/test_objective_checks.py"
-SLURM, T_SLURM_ENV = "refddp/launch/slurm.py", "tests/unit/test_slurm_environment.py"
-T_SLURM_TASKS = "tests/multiproc/test_slurm_tasks.py"
-EXPORT, T_EXPORT = "refddp/export.py", "tests/unit/test_export.py"
-FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/multiproc/test_harness_faults.py"
-NODES, T_NODES = "refddp/testing/nodes/simulated.py", "tests/multiproc/test_harness_nodes.py"
+AGREEMENT, T_NONFINITE = "refddp/training/step_agreement.py", "tests/training/test_nonfinite_steps.py"
+T_SCENARIOS = "tests/training/test_step_scenarios.py"
+T_KERNELS = "tests/training/test_optimizer_kernels.py"
+WINDOW, T_SEQ = "refddp/training/window.py", "tests/workload/test_sequence_workloads.py"
+T_HF, T_CHECKS = "tests/workload/test_hf_model.py", "tests/workload/test_objective_checks.py"
+SLURM, T_SLURM_ENV = "refddp/launch/slurm.py", "tests/launch/test_slurm_environment.py"
+T_SLURM_TASKS = "tests/launch/test_slurm_tasks.py"
+EXPORT, T_EXPORT = "refddp/export.py", "tests/commands/test_export.py"
+FAULTS, T_FAULTS = "refddp/testing/faults.py", "tests/harness/test_harness_faults.py"
+NODES, T_NODES = "refddp/testing/nodes/simulated.py", "tests/harness/test_harness_nodes.py"
 REPORTS, POOL = "refddp/testing/driver/reports.py", "refddp/testing/driver/pool.py"
 TASKS = "refddp/testing/driver/tasks.py"
-T_SKIPPED = "tests/multiproc/test_skipped_collectives.py"
-T_SKIP_BLAME = "tests/unit/test_skip_blame.py"
-CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/multiproc/test_cluster.py"
+T_SKIPPED = "tests/harness/test_skipped_collectives.py"
+T_SKIP_BLAME = "tests/harness/test_skip_blame.py"
+CLUSTER, T_CLUSTER = "refddp/testing/cluster.py", "tests/harness/test_cluster.py"
 NAMESPACES = "refddp/testing/nodes/namespaces.py"
-NETWORK, T_NETWORK = "refddp/launch/network_checks.py", "tests/multiproc/test_doctor_network.py"
-RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/unit/test_rank_lists.py"
-T_SCALE, T_SERVER = "tests/multiproc/test_scale.py", "tests/multiproc/test_rank_server.py"
+NETWORK, T_NETWORK = "refddp/launch/network_checks.py", "tests/commands/test_doctor_network.py"
+RANK_LISTS, T_RANK_LISTS = "refddp/testing/rank_lists.py", "tests/harness/test_rank_lists.py"
+T_SCALE, T_SERVER = "tests/training/test_scale.py", "tests/harness/test_rank_server.py"
 WORKER, SERVER = "refddp/testing/rank/worker.py", "refddp/testing/driver/rank_server.py"
-PARITY, T_PARITY = "refddp/testing/rank/parity.py", "tests/multiproc/test_harness_parity.py"
-T_REAL = "tests/multiproc/test_harness_real_nodes.py"
-T_UNPRIVILEGED = "tests/multiproc/test_cluster_unprivileged.py::test_the_cluster_tests_pass_for_a_user_without_root"
+PARITY, T_PARITY = "refddp/testing/rank/parity.py", "tests/harness/test_harness_parity.py"
+T_REAL = "tests/harness/test_harness_real_nodes.py"
+T_UNPRIVILEGED = "tests/harness/test_cluster_unprivileged.py::test_the_cluster_tests_pass_for_a_user_without_root"
 T_FIRES = f"{T_FAULTS}::test_a_fault_fires_inside_collective_k_after_every_rank_finished_those_before"
-TENSORBOARD, T_TRACKERS = "refddp/training/trackers/tensorboard.py", "tests/multiproc/test_trackers.py"
-STRAGGLERS, T_STRAGGLERS = "refddp/training/stragglers.py", "tests/multiproc/test_stragglers.py"
-PROFILER, T_PROFILER = "refddp/training/profiler.py", "tests/multiproc/test_profiler.py"
-T_TRACKER_UNITS = "tests/unit/test_watching_a_run.py"
-SCHEDULE, T_SCHEDULE = "refddp/training/schedule.py", "tests/unit/test_schedule.py"
+TENSORBOARD, T_TRACKERS = "refddp/training/trackers/tensorboard.py", "tests/training/test_trackers.py"
+STRAGGLERS, T_STRAGGLERS = "refddp/training/stragglers.py", "tests/training/test_stragglers.py"
+PROFILER, T_PROFILER = "refddp/training/profiler.py", "tests/training/test_profiler.py"
+T_TRACKER_UNITS = "tests/training/test_watching_a_run.py"
+SCHEDULE, T_SCHEDULE = "refddp/training/schedule.py", "tests/training/test_schedule.py"
 BATCHES = "refddp/workload/objectives/batches.py"
 IMAGE_FOLDER = "refddp/workload/image_folder.py"
-SKIPPED, T_SKIPPED_STEPS = "refddp/training/skips.py", "tests/multiproc/test_skipped_steps.py"
-PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/multiproc/test_hang_stacks.py"
+SKIPPED, T_SKIPPED_STEPS = "refddp/training/skips.py", "tests/training/test_skipped_steps.py"
+PROTOCOL, T_STACKS = "refddp/testing/protocol.py", "tests/harness/test_hang_stacks.py"
 UNITTEST = "refddp/testing/driver/unittest_case.py"
 
 LINT_RULES, LINT_IR = "refddp/lint/rules.py", "refddp/lint/ir.py"
 LINT_VALUES, LINT_FLOW = "refddp/lint/rank_values.py", "refddp/lint/dataflow.py"
-T_LINT = "tests/unit/test_lint_cases.py::test_the_lint_reports_exactly_the_planted_lines"
-T_LINT_PROPS = ("tests/unit/test_lint_properties.py::"
+T_LINT = "tests/lint/test_lint_cases.py::test_the_lint_reports_exactly_the_planted_lines"
+T_LINT_PROPS = ("tests/lint/test_lint_properties.py::"
                 "test_the_lint_flags_a_collective_iff_the_ranks_can_disagree")
-T_LINT_CMD, T_LINT_SELF = "tests/unit/test_lint_commands.py", "tests/unit/test_no_collective_under_rank_branch.py"
+T_LINT_CMD, T_LINT_SELF = "tests/lint/test_lint_commands.py", "tests/project/test_no_collective_under_rank_branch.py"
 
 
 def lint_case(name: str) -> str:
@@ -96,7 +96,7 @@ def lint_case(name: str) -> str:
 
 # The collective check over the space of calls (issue 48), and group methods traced.
 CHECK_SPACE = "the collective check over the space of calls"
-T_SPACE = "tests/multiproc/test_collective_space.py"
+T_SPACE = "tests/harness/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
 ISSUE_48 = [
     Mutant(
@@ -108,7 +108,7 @@ ISSUE_48 = [
         "root-lists-recorded", CHECK_SPACE, COLLECTIVES,
         "        alike = signatures.describe(name, call, alike=True)",
         "        alike = signatures.describe(name, call)",
-        ("tests/multiproc/test_step_scenarios.py::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace",),
+        ("tests/training/test_step_scenarios.py::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace",),
     ),
     Mutant(
         "rank-outside-the-group-checked", CHECK_SPACE, COLLECTIVES,
@@ -331,7 +331,7 @@ MUTANTS = (
     Mutant(
         "resume-keeps-the-saved-lr", "a learning rate changed on resume is applied", RUN_STATE,
         "    parts.schedule.reset(updates)", "    pass",
-        ("tests/multiproc/test_resume.py::test_lr_and_weight_decay_changed_on_resume_are_applied"
+        ("tests/checkpoints/test_resume.py::test_lr_and_weight_decay_changed_on_resume_are_applied"
          "_and_recorded",),
     ),
     Mutant(
@@ -349,7 +349,7 @@ MUTANTS = (
         "batch-left-off-the-device", "a batch reaches the model's device whole", BATCHES,
         "return batch if batch.device == device else batch.to(device, non_blocking=True)",
         "return batch",
-        ("tests/unit/test_objectives.py::test_nested_batches_move_to_the_device_whole",),
+        ("tests/workload/test_objectives.py::test_nested_batches_move_to_the_device_whole",),
     ),
     Mutant(
         "scaler-not-restored", "scaler restore", RUN_STATE,
@@ -370,18 +370,18 @@ MUTANTS = (
     Mutant(
         "checkpoint-keeps-gpu-tensors", "a GPU run's checkpoint opens on a machine without it",
         CKPT_FULL, "    save_atomic(on_cpu(state), latest)", "    save_atomic(state, latest)",
-        ("tests/unit/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
+        ("tests/checkpoints/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
     ),
     Mutant(
         "tied-weights-saved-twice", "a GPU run's checkpoint keeps tied weights one tensor",
         CKPT_FULL, "        if key not in copies:\n", "        if True:\n",
-        ("tests/unit/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
+        ("tests/checkpoints/test_checkpoint.py::test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept",),
     ),
     Mutant(
         "write-in-place", "atomic checkpoint writes", RUN_FILES,
         'tmp = os.path.join(directory, temp_name("." + os.path.basename(path)))',
         "tmp = path",
-        ("tests/unit/test_checkpoint_sigkill.py",),
+        ("tests/checkpoints/test_checkpoint_sigkill.py",),
     ),
     Mutant(
         "autocast-no-op", "mixed precision really runs in half precision", EVALUATION,
@@ -472,19 +472,19 @@ MUTANTS = (
         "refddp/launch/dist.py",
         "import torch.distributed.nn.functional  # noqa: F401, E402", "",
         # In the trainer, refddp.checkpoints.dcp's imports happen to load it early too.
-        ("tests/unit/test_end_process.py::test_destroying_the_group_after_ddp_stops_gloo_threads",),
+        ("tests/launch/test_end_process.py::test_destroying_the_group_after_ddp_stops_gloo_threads",),
     ),
     Mutant(
         "mesh-keeps-the-group", "a finished FSDP run leaves no gloo thread at exit",
         "refddp/launch/dist.py",
         'getattr(mesh, "_pg_registry", {}).clear()', "pass",
-        ("tests/multiproc/test_exit_codes.py"
+        ("tests/launch/test_exit_codes.py"
          "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
     ),
     Mutant(
         "group-left-to-cyclic-gc", "a finished FSDP run leaves no gloo thread at exit",
         "refddp/launch/dist.py", "        gc.collect()\n", "",
-        ("tests/multiproc/test_exit_codes.py"
+        ("tests/launch/test_exit_codes.py"
          "::test_no_gloo_thread_outlives_the_process_group_after_a_run",),
     ),
     Mutant(
@@ -492,7 +492,7 @@ MUTANTS = (
         "refddp/testing/plugin.py",
         'pools = sys.modules.get("refddp.testing.driver.warm_pools")',
         "import refddp.testing.driver.warm_pools as pools",
-        ("tests/unit/test_plugin.py"
+        ("tests/harness/test_plugin.py"
          "::test_a_session_without_distributed_tests_never_imports_torch",),
     ),
     Mutant(
@@ -581,14 +581,14 @@ MUTANTS = (
         "loss-import-not-guarded", "a checkpoint never makes refddp import the loss it names",
         "refddp/config/schema.py", "        resume=REFUSED,\n        imports=True,\n    )\n    metrics: str",
         "        resume=REFUSED,\n    )\n    metrics: str",
-        ("tests/unit/test_checkpoint_code.py::test_a_loss_or_metrics_import_named_only_by_a"
+        ("tests/checkpoints/test_checkpoint_code.py::test_a_loss_or_metrics_import_named_only_by_a"
          "_checkpoint_is_refused[loss]",),
     ),
     Mutant(
         "ignored-targets-counted-on-the-host", "exact normalisation: -100 targets count nothing",
         DATA, "self.every_target_scored = not bool((y == IGNORE_INDEX).any())",
         "self.every_target_scored = True",
-        ("tests/unit/test_objectives.py::test_built_in_data_without_ignored_targets_counts_them"
+        ("tests/workload/test_objectives.py::test_built_in_data_without_ignored_targets_counts_them"
          "_on_the_host_and_with_them_on_the_device",),
     ),
     Mutant(
@@ -630,13 +630,13 @@ MUTANTS = (
         "dangling-latest-ignored", "resume never silently starts over", CKPT,
         "        if not os.path.lexists(path):\n            continue",
         "        if not os.path.exists(path):\n            continue",
-        ("tests/unit/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
+        ("tests/checkpoints/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
          "_fresh_start",),
     ),
     Mutant(
         "resume-ignores-dcp", "exact resume from a dcp checkpoint", CKPT,
         "for fmt in checkpoint_formats.every()]", "for fmt in checkpoint_formats.every()[:1]]",
-        ("tests/unit/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
+        ("tests/checkpoints/test_checkpoint.py::test_a_dangling_latest_link_is_named_not_taken_for_a"
          "_fresh_start",
          f"{T_DCP}::test_dcp_resume_mid_epoch_is_bit_identical"),
     ),
@@ -659,16 +659,16 @@ MUTANTS = (
     Mutant(
         "rank-keeps-its-own-config", "node-local --out: every rank runs rank 0's config",
         "refddp/train.py", "    c = dataclasses.replace(c, **taken)\n", "",
-        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+        ("tests/checkpoints/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
          "_command_is_silent",
-         "tests/multiproc/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
+         "tests/checkpoints/test_resume.py::test_two_nodes_with_node_local_out_resume_from_the"
          "_same_state"),
     ),
     Mutant(
         "nodes-disagree-silently", "node-local --out: nodes given different flags are refused",
         "refddp/train.py", "        if name in given or name in JOINED_WITH:",
         "        if False:",
-        ("tests/multiproc/test_resume.py::test_nodes_given_different_flags_stop_in_one_line"
+        ("tests/checkpoints/test_resume.py::test_nodes_given_different_flags_stop_in_one_line"
          "_before_training",),
     ),
     Mutant(
@@ -676,33 +676,33 @@ MUTANTS = (
         "refddp/train.py",
         '        refuse_checkpoint_imports(taken, {"trust_checkpoint_code": c.trust_checkpoint_code})',
         "        pass",
-        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+        ("tests/checkpoints/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
          "_command_is_silent",),
     ),
     Mutant(
         "group-joined-with-a-differing-timeout", "nodes joined with different timeouts are refused",
         "refddp/train.py", '        if name in given or name in JOINED_WITH:',
         "        if name in given:",
-        ("tests/multiproc/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
+        ("tests/checkpoints/test_resume.py::test_a_rank_takes_rank_0s_config_only_where_its"
          "_command_is_silent",),
     ),
     Mutant(
         "doctor-report-after-the-ranks-part", "the doctor prints its report whatever rank exits first",
         "refddp/doctor.py", "        rank0_then_meet(lambda: print(report, flush=True))\n",
         "        teardown()\n        if result['rank'] == 0:\n            print(report, flush=True)\n",
-        ("tests/multiproc/test_doctor.py::test_the_report_is_printed_before_any_rank_leaves",),
+        ("tests/commands/test_doctor.py::test_the_report_is_printed_before_any_rank_leaves",),
     ),
     Mutant(
         "run-held-by-the-failing-frames", "a finished run exits 0: no exit deadlock", DIST,
         "        traceback.clear_frames(in_flight.__traceback__)\n    gc.collect()",
         "        pass\n    gc.collect()",
-        ("tests/unit/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
+        ("tests/launch/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
          "_group",),
     ),
     Mutant(
         "run-freed-after-the-group", "a finished run exits 0: no exit deadlock", DIST,
         "    if owned:\n        _free_the_run()\n", "",
-        ("tests/unit/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
+        ("tests/launch/test_end_process.py::test_teardown_frees_the_run_before_it_leaves_the"
          "_group",),
     ),
     Mutant(
@@ -710,35 +710,35 @@ MUTANTS = (
         '    """The plain file\'s dict is the full checkpoint already."""\n',
         '    """The plain file\'s dict is the full checkpoint already."""\n'
         "    from refddp import checkpoint  # noqa: F401 - the facade imports this module\n",
-        ("tests/unit/test_import_graph.py::test_refddps_modules_import_one_another_without_a"
+        ("tests/project/test_import_graph.py::test_refddps_modules_import_one_another_without_a"
          "_cycle",),
     ),
     Mutant(
         "full-checkpoint-left-unread", "the full checkpoint of either format", CKPT,
         "return fmt.load_full(fmt.load_run_state(path))", "return fmt.load_run_state(path)",
         (f"{T_CONVERT}::test_the_full_checkpoint_of_either_format_is_the_plain_files_dict",
-         "tests/multiproc/test_export_trained.py::test_a_trained_dcp_checkpoint_exports_to"
+         "tests/commands/test_export_trained.py::test_a_trained_dcp_checkpoint_exports_to"
          "_weights_that_evaluate_to_its_metric"),
     ),
     Mutant(
         "mutant-applied-where-its-snippet-repeats", "mutants stay applicable",
         "tests/mutation/run.py",
         "if text.count(mutant.original) != 1:", "if mutant.original not in text:",
-        ("tests/unit/test_mutants.py::test_a_snippet_found_twice_or_nowhere_makes_a_mutant_not"
+        ("tests/project/test_mutants.py::test_a_snippet_found_twice_or_nowhere_makes_a_mutant_not"
          "_applicable",),
     ),
     Mutant(
         "libuv-store-only", "the harness and the launcher start on torch 2.5", DIST,
         "            return _store_on(os.dup(sock.fileno()), port, timeout_s, use_libuv=False)",
         "            raise",
-        ("tests/unit/test_older_torch.py::test_the_loopback_store_starts_where_libuv_takes_no"
+        ("tests/config/test_older_torch.py::test_the_loopback_store_starts_where_libuv_takes_no"
          "_listening_socket",),
     ),
     Mutant(
         "dcp-read-with-a-group-on-torch-2-5", "a dcp checkpoint is read in one process alone",
         CKPT_DCP, "    if \"no_dist\" in inspect.signature(dcp.load).parameters:",
         "    if True:",
-        ("tests/unit/test_older_torch.py::test_a_dcp_checkpoint_is_read_alone_where_load_has_no"
+        ("tests/config/test_older_torch.py::test_a_dcp_checkpoint_is_read_alone_where_load_has_no"
          "_no_dist",),
     ),
     Mutant(
@@ -746,48 +746,48 @@ MUTANTS = (
         "refddp/config/torch_support.py",
         "    if hasattr(fsdp, \"fully_shard\") and hasattr(fsdp, \"FSDPModule\"):",
         "    if True:",
-        ("tests/unit/test_torch_support.py::test_fsdp_on_a_torch_without_public_fully_shard_is"
+        ("tests/config/test_torch_support.py::test_fsdp_on_a_torch_without_public_fully_shard_is"
          "_one_line_naming_the_version",),
     ),
     Mutant(
         "launcher-without-its-internals", "a feature this torch lacks is one line",
         "refddp/launch/torchrun.py", "    if not missing:\n        return None",
         "    if True:\n        return None",
-        ("tests/unit/test_launcher_report.py::test_a_torch_without_the_launchers_internals_is"
+        ("tests/launch/test_launcher_report.py::test_a_torch_without_the_launchers_internals_is"
          "_told_to_use_torchrun",),
     ),
     Mutant(
         "private-name-unlisted", "every private torch name is listed with its reason",
         "docs/known-limitations.md", "- A device mesh's `_pg_registry` (`refddp/launch/dist.py`",
         "- A device mesh's registry (`refddp/launch/dist.py`",
-        ("tests/unit/test_private_names.py::test_every_private_name_refddp_uses_is_listed_with"
+        ("tests/project/test_private_names.py::test_every_private_name_refddp_uses_is_listed_with"
          "_its_reason",),
     ),
     Mutant(
         "image-folder-classes-unchecked", "an image folder's splits have the same classes",
         IMAGE_FOLDER, "    if train.classes != val.classes:", "    if False:",
-        ("tests/unit/test_image_folder.py::test_a_bad_image_folder_is_one_line_naming_what_to_fix",),
+        ("tests/workload/test_image_folder.py::test_a_bad_image_folder_is_one_line_naming_what_to_fix",),
         needs="torchvision",
     ),
     Mutant(
         "image-validation-augmented", "validation images are not augmented", IMAGE_FOLDER,
         'transform=_transforms(v2, c.image_size, split == "train")',
         "transform=_transforms(v2, c.image_size, True)",
-        ("tests/unit/test_image_folder.py::test_training_augmentation_is_drawn_per_sample_from_the_seed",),
+        ("tests/workload/test_image_folder.py::test_training_augmentation_is_drawn_per_sample_from_the_seed",),
         needs="torchvision",
     ),
     Mutant(
         "harness-below-the-floor-fails-deep-in-torch", "a torch below the floor is one line",
         "refddp/testing/plugin.py", "    if refused:  # the one line, not a failure deep inside torch",
         "    if False:",
-        ("tests/unit/test_plugin.py::test_on_a_torch_below_the_floor_each_distributed_test_fails"
+        ("tests/harness/test_plugin.py::test_on_a_torch_below_the_floor_each_distributed_test_fails"
          "_in_one_line",),
     ),
     Mutant(
         "headline-is-the-messages-last-line", "a report's headline is the failing assertion",
         REPORTS, "    how = why if died else exception_line(why)",
         "    how = why if died else _last_line(why)",
-        ("tests/multiproc/test_harness_parity.py::test_the_headline_is_the_failing_assertion_and_a_failed_subtest_fails",),
+        ("tests/harness/test_harness_parity.py::test_the_headline_is_the_failing_assertion_and_a_failed_subtest_fails",),
     ),
     Mutant(
         "own-part-fingerprinted", "collectives torch accepts, the harness accepts", SIGNATURES,
@@ -795,49 +795,49 @@ MUTANTS = (
         '    "reduce_scatter": {"output": SHAPE, "input_list": LIST},',
         (f"{T_SIGNATURES}::test_reduce_scatter_compares_the_list_and_the_op_and_the_own_part_by_"
          "dtype_only",
-         "tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed"),
+         "tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed"),
     ),
     Mutant(
         "unregistered-group-breaks-tracing", "collectives torch accepts, the harness accepts",
         SIGNATURES, "    except (KeyError, RuntimeError, ValueError):\n        # Built from",
         "    except ZeroDivisionError:\n        # Built from",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        ("tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
         "file-name-per-rank", "a PyTorch-style suite runs with its base class changed", UNITTEST,
         "        case._file_name = file_name\n", "",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        ("tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
         "torch-skip-code-is-a-failure", "a PyTorch-style suite runs with its base class changed",
         UNITTEST, "        reason = _torch_skip(err[1])", "        reason = None",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        ("tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
         "unittest-assert-equal-on-tensors",
         "a PyTorch-style suite runs with its base class changed", UNITTEST,
         "        if not (kwargs or _holds_tensor(first) or _holds_tensor(second)):",
         "        if True:",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        ("tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
         "pools-backend-started-anew",
         "a PyTorch-style suite runs with its base class changed", UNITTEST,
         "        if backend is None or pool_backend(str(backend).lower()) == self.backend:",
         "        if backend is None:",
-        ("tests/multiproc/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
+        ("tests/harness/test_harness_parity.py::test_pytorch_style_tests_pass_with_only_the_base_class_changed",),
     ),
     Mutant(
         "tests-share-a-store-namespace", "every test starts clean: its own store namespace",
         "refddp/testing/rank/worker.py", "    leftovers.fresh_namespace()\n", "",
-        ("tests/multiproc/test_harness_parity.py::test_local_synchronisation_groups_pass_test"
+        ("tests/harness/test_harness_parity.py::test_local_synchronisation_groups_pass_test"
          "_after_test_in_one_session",),
     ),
     Mutant(
         "launcher-dies-of-sigusr1", "SIGUSR1 to the launcher stops every rank with a checkpoint",
         "refddp/launch/torchrun.py", "previous = signal.signal(signal.SIGUSR1, _stop_the_agent)",
         "previous = signal.getsignal(signal.SIGUSR1)",
-        ("tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
+        ("tests/training/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
          "_checkpoint_exit_138",),
     ),
     Mutant(
@@ -979,7 +979,7 @@ MUTANTS = (
         "misused-fixture-unchecked", "a misused fixture fails that one test at setup",
         "refddp/testing/plugin.py", "        if problem is not None:\n            pytest.fail(",
         "        if False:\n            pytest.fail(",
-        ("tests/unit/test_plugin_rank_fixtures.py::test_process_bound_fixture_fails_that_test_at"
+        ("tests/harness/test_plugin_rank_fixtures.py::test_process_bound_fixture_fails_that_test_at"
          "_setup_in_one_line_and_the_rest_run[capsys]",),
     ),
     Mutant(
@@ -1016,14 +1016,14 @@ MUTANTS = (
     Mutant(
         "ranks-started-as-fresh-interpreters", "ranks fork from a server that imported torch once",
         POOL, "        server = rank_server.server()\n", "        server = None\n",
-        ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
+        ("tests/harness/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
          "_and_are_the_driver_s_children",),
     ),
     Mutant(
         "driver-stays-a-subreaper", "orphans of later tests are not re-parented to pytest",
         "refddp/testing/driver/rank_server.py", "        finally:\n            _set_subreaper(False)\n",
         "        finally:\n            pass\n",
-        ("tests/multiproc/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
+        ("tests/harness/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
          "_and_are_the_driver_s_children",),
     ),
     Mutant(
@@ -1160,7 +1160,7 @@ MUTANTS = (
         "launcher-ignores-agreed-stops", "an agreed stop is one line, its cause",
         "refddp/launch/torchrun.py", "    stops = _recorded(failures, AGREED_STOP)\n",
         "    stops: dict[str, list[int]] = {}\n",
-        ("tests/unit/test_launcher_report.py::test_an_agreed_stop_is_one_line_however_each_rank"
+        ("tests/launch/test_launcher_report.py::test_an_agreed_stop_is_one_line_however_each_rank"
          "_ended[ended-by-agent]",),
     ),
     Mutant(
@@ -1186,23 +1186,23 @@ MUTANTS = (
         "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
         "refddp/launch/stop_signals.py", "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
         "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
-        ("tests/unit/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
+        ("tests/training/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
          "_the_first_in_signals_wins",
-         "tests/multiproc/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
+         "tests/training/test_faults.py::test_sigusr1_to_the_launcher_stops_every_rank_with_a"
          "_checkpoint_exit_138"),
     ),
     Mutant(
         "ranks-name-different-stop-signals", "every rank names the same stop signal", AGREEMENT,
         "                   if raised), 0)  # fmt: skip",
         "                   if raised), 0) if not flags[0] else int(StopRequest.SIGNALS[-1])",
-        ("tests/unit/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
+        ("tests/training/test_step_agreement.py::test_each_stop_signal_is_read_back_as_itself_and"
          "_the_first_in_signals_wins",),
     ),
     Mutant(
         "count-in-float32", "the target count is exact past 2**24", AGREEMENT,
         "count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)",
         "count = torch.full((1,), float(targets), dtype=torch.float32, device=self.device).double()",
-        ("tests/multiproc/test_agreement_across_ranks.py::test_the_agreement_sums_every_ranks_count"
+        ("tests/training/test_agreement_across_ranks.py::test_the_agreement_sums_every_ranks_count"
          "_loss_and_stop_signal",),
     ),
     Mutant(
@@ -1215,12 +1215,12 @@ MUTANTS = (
         "step-loss-is-rank-0s-own", "the trackers' loss is the global mean", AGREEMENT,
         "            loss = loss_sum / targets if targets else math.nan",
         "            loss = float(self.held[1]) * dist.get_world_size() / targets",
-        ("tests/multiproc/test_trackers.py::test_tensorboard_and_wandb_show_the_runs_curves",),
+        ("tests/training/test_trackers.py::test_tensorboard_and_wandb_show_the_runs_curves",),
     ),
     Mutant(
         "step-loss-logged-every-step", "the loss every --log-every steps", AGREEMENT,
         "due = bool(self.every) and step % self.every == 0", "due = bool(self.every)",
-        ("tests/multiproc/test_trackers.py::test_the_training_loss_reaches_the_trackers_with_the_next_steps_agreement[3]",),
+        ("tests/training/test_trackers.py::test_the_training_loss_reaches_the_trackers_with_the_next_steps_agreement[3]",),
     ),
     Mutant(
         "trackers-not-flushed-before-a-checkpoint", "trackers flushed before each checkpoint",
@@ -1252,13 +1252,13 @@ MUTANTS = (
         "fused-fsdp-sgd-on-cuda", "on CUDA the optimizer is fused where torch has the kernel",
         RUN_SETUP, 'return device.type == "cuda" and has_fused_kernel(c) and not skips_unsafely',
         'return device.type == "cuda" and not skips_unsafely',
-        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+        ("tests/config/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
     ),
     Mutant(
         "fused-sgd-under-fp16", "fp16's skipped first step never leaves SGD's momentum unset",
         RUN_SETUP, '    skips_unsafely = c.amp == "fp16" and c.optimizer == "sgd"\n',
         "    skips_unsafely = False\n",
-        ("tests/unit/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
+        ("tests/config/test_config.py::test_the_optimizer_is_fused_on_cuda_where_torch_has_the_kernel",),
     ),
     Mutant(
         "cuda-optimizer-unfused", "on CUDA the optimizer is fused", TRAINER,
@@ -1276,13 +1276,13 @@ MUTANTS = (
         "fp16-nonfinite-loss-lowers-the-scale", "a non-finite loss is no fp16 overflow", SKIPPED,
         "    if not bad_loss and after < kept[\"scale\"]:", "    if after < kept[\"scale\"]:",
         (f"{T_NONFINITE}::test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale",
-         "tests/unit/test_skips.py::test_grad_scaler_backs_off_for_an_overflow_only"),
+         "tests/training/test_skips.py::test_grad_scaler_backs_off_for_an_overflow_only"),
     ),
     Mutant(
         "agreement-blocks-the-forward", "the agreement overlaps the forward", AGREEMENT,
         "self._work = dist.all_reduce(sums, async_op=True)",
         "self._work = dist.all_reduce(sums, async_op=False)",
-        ("tests/unit/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
+        ("tests/training/test_step_agreement.py::test_a_count_past_float32s_integers_comes_back"
          "_exact",),
         equivalent="overlapping the count's all-reduce with the forward is a matter of speed: "
         "a blocking all-reduce agrees the same sums, and no CPU test can time the overlap",
@@ -1304,14 +1304,14 @@ MUTANTS = (
         "user-loss-count-unchecked", "a user loss's count is the one counted before its forward",
         "refddp/workload/objectives/user_loss.py", "            if returned != counted:",
         "            if False:",
-        ("tests/unit/test_objectives.py::test_a_user_losss_count_must_be_the_one_counted_before"
+        ("tests/workload/test_objectives.py::test_a_user_losss_count_must_be_the_one_counted_before"
          "_the_forward",),
     ),
     Mutant(
         "no-norm-before-torch-2-6", "the skip's norm without get_total_norm", PARALLEL,
         "return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))",
         "return torch.stack([torch.linalg.vector_norm(g) for g in grads]).sum()",
-        ("tests/unit/test_total_norm.py::test_the_total_norm_is_clippings_with_or_without"
+        ("tests/training/test_total_norm.py::test_the_total_norm_is_clippings_with_or_without"
          "_get_total_norm",),
     ),
     Mutant(
@@ -1413,7 +1413,7 @@ MUTANTS = (
     Mutant(
         "loopback-host-name-passes", "the doctor finds each planted network fault", NETWORK,
         "    if ipaddress.ip_address(address).is_loopback:", "    if False:",
-        ("tests/unit/test_network_checks.py::test_loopback_is_a_problem_only_for_a_job_of_several_nodes",
+        ("tests/launch/test_network_checks.py::test_loopback_is_a_problem_only_for_a_job_of_several_nodes",
          f"{T_NETWORK}::test_a_host_name_resolving_to_loopback_is_named"),
     ),
     Mutant(
@@ -1480,13 +1480,13 @@ MUTANTS = (
     Mutant(
         "slow-node-measured-against-the-median", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "    bar = others * (1 + LAG_SHARE)", "    bar = statistics.median(busy) * (1 + LAG_SHARE)",
-        ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",),
+        ("tests/training/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",),
     ),
     Mutant(
         "slow-node-never-named", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "    return f\"{said} ({'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))})\"",
         "    return said",
-        ("tests/unit/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",
+        ("tests/training/test_watching_a_run.py::test_a_slow_node_s_ranks_are_behind_together_and_named_with_their_node",
          f"{T_CLUSTER}::test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report"),
     ),
     Mutant(
@@ -1510,7 +1510,7 @@ MUTANTS = (
         "slow-node-streak-on-the-slowest-rank", "a slow node's ranks are named", "refddp/training/stragglers.py",
         "        key = slowest // self.ranks_per_node if self.ranks_per_node else slowest",
         "        key = slowest",
-        ("tests/unit/test_watching_a_run.py::test_a_slow_node_stays_named_while_its_very_slowest_rank_changes",),
+        ("tests/training/test_watching_a_run.py::test_a_slow_node_stays_named_while_its_very_slowest_rank_changes",),
     ),
     Mutant(
         "real-node-keeps-the-machine-s-host-name", "a user's test with nodes(2, real=True) sees two machines",
@@ -1545,18 +1545,18 @@ MUTANTS = (
     Mutant(
         "loader-workers-fork-where-a-fork-can-deadlock", "a rank's loader workers cannot deadlock at their fork",
         DATA, '    return "forkserver"\n', "    return None\n",
-        ("tests/unit/test_worker_start.py::test_on_such_a_python_workers_are_not_forked_from_the_rank",
-         "tests/unit/test_worker_start.py::test_auto_starts_workers_from_a_forkserver_only_where_a_fork_can_deadlock"),
+        ("tests/workload/test_worker_start.py::test_on_such_a_python_workers_are_not_forked_from_the_rank",
+         "tests/workload/test_worker_start.py::test_auto_starts_workers_from_a_forkserver_only_where_a_fork_can_deadlock"),
     ),
     Mutant(
         "unpicklable-dataset-fails-under-auto", "a rank's loader workers cannot deadlock at their fork",
         DATA, '            self.multiprocessing_context = "fork"\n', "            raise\n",
-        ("tests/unit/test_worker_start.py::test_a_dataset_workers_cannot_get_from_a_forkserver_loads_through_forked_ones_warned_once",),
+        ("tests/workload/test_worker_start.py::test_a_dataset_workers_cannot_get_from_a_forkserver_loads_through_forked_ones_warned_once",),
     ),
     Mutant(
         "fork-deadlock-fixed-earlier-than-it-was", "a rank's loader workers cannot deadlock at their fork",
         DATA, "_FORK_DEADLOCK_FIXED_IN = {(3, 10): 15, (3, 11): 10}", "_FORK_DEADLOCK_FIXED_IN = {(3, 10): 15, (3, 11): 7}",
-        ("tests/unit/test_worker_start.py::test_the_pythons_whose_forked_children_can_deadlock",),
+        ("tests/workload/test_worker_start.py::test_the_pythons_whose_forked_children_can_deadlock",),
     ),
     Mutant(
         "node-kill-takes-one-rank", "a node killed or cut in the harness is named",
@@ -1618,7 +1618,7 @@ MUTANTS = (
     Mutant(
         "restarted-ranks-read-the-last-attempt", "a node killed and started again rejoins",
         DIST, '    return dist.PrefixStore(f"refddp/attempt_{attempt}", store)', "    return store",
-        ("tests/multiproc/test_faults.py::test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical",),
+        ("tests/training/test_faults.py::test_sigkilled_rank_is_restarted_and_the_run_ends_bit_identical",),
     ),
     Mutant(
         "lint-rank-branch-unchecked", "the lint finds collectives only some ranks reach", LINT_RULES,
@@ -1866,12 +1866,12 @@ MUTANTS = (
         "            buffer = getattr(module, name)\n            if buffer is None",
         "            buffer = self.__dict__.setdefault(f\"{id(module)}{name}\", getattr(module, name))\n"
         "            if buffer is None",
-        ("tests/unit/test_skips.py::test_a_snapshot_puts_back_buffers_updated_in_place_and_assigned_anew",),
+        ("tests/training/test_skips.py::test_a_snapshot_puts_back_buffers_updated_in_place_and_assigned_anew",),
     ),
     Mutant(
         "fp16-norm-overflow-taken-for-backoff", "a non-finite loss is no fp16 overflow", SKIPPED,
         "    scaler.load_state_dict(kept)\n    return None", "    return None",
-        ("tests/unit/test_skips.py::test_finite_gradients_whose_norm_overflowed_change_nothing",),
+        ("tests/training/test_skips.py::test_finite_gradients_whose_norm_overflowed_change_nothing",),
     ),
     Mutant(
         "bucket-settle-draws-dropout-masks", "bit-exact resume at any world size", STEPS,
@@ -1915,41 +1915,41 @@ MUTANTS = (
     Mutant(
         "heavy-tests-not-grouped", "no two heavy tests share the machine", "conftest.py",
         '            item.add_marker(pytest.mark.xdist_group("heavy"))', "            pass",
-        ("tests/unit/test_suite_tiers.py::test_heavy_tests_share_one_xdist_group",),
+        ("tests/project/test_suite_tiers.py::test_heavy_tests_share_one_xdist_group",),
     ),
     # Issue 48: another backend for real, PyTorch's suites unmodified.
     Mutant(
         "another-backend-joins-the-pools-group", "another backend started for real", UNITTEST,
         "            self.real_destroy()\n        self.start(backend, *args, **kwargs)\n",
         "            self.real_destroy()\n",
-        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+        ("tests/harness/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
     ),
     Mutant(
         "pools-group-not-rejoined", "another backend started for real", UNITTEST,
         "        self.context._rejoin_pool_group()", "        pass",
-        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+        ("tests/harness/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
     ),
     Mutant(
         "detail-wrapper-around-a-tests-group", "another backend started for real", UNITTEST,
         "        if detail:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
         "        if False:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
-        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+        ("tests/harness/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
     ),
     Mutant(
         "rank-read-from-the-current-group", "another backend started for real", UNITTEST,
         "        if here is not None:\n            return here.rank\n", "",
-        ("tests/multiproc/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+        ("tests/harness/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
     ),
     Mutant(
         "torch-suites-base-not-swapped", "PyTorch's suites unmodified on warm pools",
         "refddp/testing/torch_suites.py",
         "        common_distributed.MultiProcessTestCase = pooled_test_case()", "        pass",
-        ("tests/unit/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
+        ("tests/harness/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
     ),
     Mutant(
         "ranks-keep-torchs-base", "PyTorch's suites unmodified on warm pools",
         "refddp/testing/torch_suites.py", "        rank_setup = (SWAP,)", "        rank_setup = ()",
-        ("tests/unit/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
+        ("tests/harness/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
     ),
     *ISSUE_48,
 )

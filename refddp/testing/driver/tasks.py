@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import wait
 from typing import Any
 
+from refddp.testing import faults as fault_records
 from refddp.testing.context import RankFailure, RankSkipped, RankTimeout
 from refddp.testing.driver.reports import (
     blame,
@@ -31,10 +32,9 @@ from refddp.testing.driver.reports import (
     finished_without_joining,
     skipped_headline,
 )
+from refddp.testing.faults import Fault
 from refddp.testing.payload import pickle_call
 from refddp.testing.protocol import FAILURES, Died, Health, Reply, RunTask, Skipped
-from refddp.testing.rank import faults as fault_records
-from refddp.testing.rank.faults import Fault
 from refddp.testing.rank_lists import rank_list
 from refddp.testing.slots import read_slot, slot_path_for
 

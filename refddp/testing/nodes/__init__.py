@@ -1,0 +1,1 @@
+"""Nodes for multi-node tests: simulated on one machine, or real (network namespaces)."""

@@ -1,0 +1,1 @@
+"""The harness's rank side: one process of a pool, and what it runs for a test."""

@@ -6,7 +6,7 @@ package only when a run uses it. Adding a tracker is one module and one line her
 
 The modules are imported by name, when first asked for: they import ``refddp.config.schema`` (a
 missing extra is a ``ConfigError``), which imports this package for its choices, so this
-module imports nothing of refddp's (``tests/unit/test_import_graph.py``).
+module imports nothing of refddp's (``tests/project/test_import_graph.py``).
 """
 
 from __future__ import annotations

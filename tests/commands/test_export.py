@@ -2,7 +2,7 @@
 too), a Hugging Face directory that loads offline, the import rule, and bad input.
 
 The checkpoints here are written by refddp's own writer (``run_state.build_state``, then
-``checkpoint.write_checkpoint``) in this process; ``tests/multiproc/test_export.py`` exports
+``checkpoint.write_checkpoint``) in this process; ``tests/commands/test_export_trained.py`` exports
 what the trainer wrote, in the dcp format.
 """
 

@@ -25,12 +25,12 @@ pytestmark = [
     pytest.mark.heavy,
 ]
 
-SELECTED = [f"tests/multiproc/test_cluster.py::{name}" for name in (
+SELECTED = [f"tests/harness/test_cluster.py::{name}" for name in (
     "test_each_node_has_its_host_name_and_address_and_nothing_outlives_the_cluster",
     "test_a_killed_test_run_leaves_no_namespace_behind",
     "test_two_nodes_of_two_end_bit_identical_to_one_node_of_four[static]",
     "test_a_node_killed_mid_run_ends_the_job_in_seconds_and_the_rerun_is_exact",
-)] + ["tests/multiproc/test_harness_real_nodes.py"]  # fmt: skip
+)] + ["tests/harness/test_harness_real_nodes.py"]  # fmt: skip
 
 
 @pytest.fixture

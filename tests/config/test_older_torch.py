@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 
 from refddp.checkpoints.loading import load_full_checkpoint
 from refddp.launch import dist as refddp_dist
-from tests.unit.test_convert_checkpoint import a_dcp_checkpoint
+from tests.checkpoints.test_convert_checkpoint import a_dcp_checkpoint
 
 
 def test_the_loopback_store_starts_where_libuv_takes_no_listening_socket(monkeypatch):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from refddp.testing import RankFailure, RankTimeout, fault_point, faults
 from refddp.testing.rank_lists import parse_rank_list
-from tests.multiproc.test_harness import assert_pool_healthy
+from tests.harness.test_harness import assert_pool_healthy
 from tests.rank_tasks import raises_after_one_all_reduce
 
 SIGNATURE = "all_reduce((1,):float32, SUM)"

@@ -1,5 +1,5 @@
 """``StepAgreement``, one rank's side of the per-step all-reduce, and ``decode`` of its sums
-(one process here: what it sends is what it reads; several ranks: tests/multiproc)."""
+(one process here: what it sends is what it reads; several ranks: test_agreement_across_ranks.py)."""
 
 import math
 import signal

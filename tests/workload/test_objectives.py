@@ -148,7 +148,7 @@ def test_a_user_losss_count_must_be_the_one_counted_before_the_forward():
     # line, rather than silently normalised by a different count.
     c = config(model="tests.sequence_code:tiny_lm", data="tests.sequence_code:shifted_sequences")
     batch, model = first_batch(c), sequence_code.tiny_lm(c)
-    spec = "tests.unit.test_objectives:_loss_per_position"
+    spec = "tests.workload.test_objectives:_loss_per_position"
     with pytest.raises(ConfigError, match=r"^loss: .*:_loss_per_position returned a count of 60 "
                        r"for the first batch, but its targets other than -100 number \d+; .* give "
                        r"_loss_per_position a count\(batch\) attribute"):  # fmt: skip

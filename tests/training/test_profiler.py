@@ -24,7 +24,7 @@ def test_each_rank_writes_a_chrome_trace_of_the_profiled_steps(tmp_path):
 
 
 def test_a_bad_profile_window_is_one_line_and_exit_2(tmp_path):
-    done = run(train_command(tmp_path, "--profile", "5:3"))  # the others: unit/test_watching_a_run.py
+    done = run(train_command(tmp_path, "--profile", "5:3"))  # the others: training/test_watching_a_run.py
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "error: profile: expected START:END, training steps with 1 <= START <= END (say 5:8), "

@@ -5,7 +5,7 @@ run keeps its own (a CPU checkpoint resumed on a GPU runs fused). The CPU cannot
 
 import pytest
 
-from tests.multiproc.test_resume import assert_same_weights
+from tests.checkpoints.test_resume import assert_same_weights
 from tests.rank_tasks import (
     fit_full_weights,
     fit_full_weights_where_cuda_fuses,

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from examples.make_image_folder import write
-from tests.multiproc.test_resume import assert_same_weights
-from tests.unit.test_image_folder import needs_torchvision
+from tests.checkpoints.test_resume import assert_same_weights
+from tests.workload.test_image_folder import needs_torchvision
 
 pytestmark = needs_torchvision
 SMALL = dict(image_size=16, batch_size=8, num_workers=2, device="cpu", warmup_steps=2)
