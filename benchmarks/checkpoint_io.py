@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record import write  # noqa: E402
 
 from refddp.checkpoints import loading as ckpt  # noqa: E402
+from refddp.checkpoints.full import write_checkpoint
 from refddp.config.schema import TrainConfig  # noqa: E402
 from refddp.workload.models import build_model  # noqa: E402
 
@@ -67,7 +68,7 @@ def main() -> None:
         saves, loads = [], []
         for _ in range(3):
             begin = time.perf_counter()
-            path = ckpt.write_checkpoint(state, tmp, is_best=False)
+            path = write_checkpoint(state, tmp, is_best=False)
             saves.append(time.perf_counter() - begin)
             begin = time.perf_counter()
             ckpt.load_checkpoint(path)

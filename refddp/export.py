@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from refddp.checkpoints import loading as ckpt
-from refddp.checkpoints.run_files import fsync_path, temp_name
+from refddp.checkpoints.run_files import RunFileError, fsync_path, temp_name
+from refddp.checkpoints.run_state import check_model_compatible, clean_state_dict
 from refddp.config.schema import FIELDS, ConfigError
 from refddp.config.validation import refuse_checkpoint_imports
 from refddp.workload.models import build_model
@@ -62,7 +63,7 @@ def export(
     if hf and importlib.util.find_spec("transformers") is None:
         raise ConfigError("--hf needs transformers: pip install transformers")
     state = ckpt.load_full_checkpoint(source)  # either format, every tensor read
-    config, weights = state["config"], ckpt.clean_state_dict(state["model_state_dict"])
+    config, weights = state["config"], clean_state_dict(state["model_state_dict"])
     spec = None if hf is False else _model_to_build(config, model, trust)
     as_hf = spec is not None and _is_hugging_face(config, spec, weights, source)
     if hf and not as_hf:
@@ -122,7 +123,7 @@ def _is_hugging_face(config: dict[str, Any], spec: str, weights: dict, source: s
     memory, no initialisation); the checkpoint's weights must fit it."""
     with torch.device("meta"):
         model = _build(config, spec)
-    ckpt.check_model_compatible(model, weights, source)
+    check_model_compatible(model, weights, source)
     # Never imports transformers: a model built from it has imported it already.
     transformers = sys.modules.get("transformers")
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
@@ -191,7 +192,7 @@ def _atomic(path: str) -> Iterator[str]:
         fsync_path(directory)
     except (OSError, SafetensorError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ckpt.RunFileError(f"cannot write {path}: {reason.strip().splitlines()[0]}") from None
+        raise RunFileError(f"cannot write {path}: {reason.strip().splitlines()[0]}") from None
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # CheckpointError too: bad input
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ckpt.RunFileError as exc:
+    except RunFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
     for path in written:

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
+from refddp.checkpoints.run_files import RunFileError
+from refddp.checkpoints.run_state import check_model_compatible
 from refddp.config.command_line import load_yaml, merge, parse_cli
 from refddp.config.schema import JOINED_WITH, ConfigError, TrainConfig
 from refddp.config.validation import (
@@ -110,11 +112,11 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         model = build_model(c)
     if resumed is not None:
         path, state = resumed
-        ckpt.check_model_compatible(model, state["model_state_dict"], path)
+        check_model_compatible(model, state["model_state_dict"], path)
     elif c.init_from and c.task == "train":
         if not os.path.exists(c.init_from):
             raise ConfigError(f"init_from: checkpoint not found: {c.init_from}")
-        ckpt.check_model_compatible(
+        check_model_compatible(
             model, ckpt.load_checkpoint(c.init_from)["model_state_dict"], c.init_from
         )
     try:
@@ -242,7 +244,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
         if not exc.recorded and (ctx.is_main or c.log_all_ranks):  # else the launcher says it
             print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (RankZeroError, ckpt.RunFileError) as exc:
+    except (RankZeroError, RunFileError) as exc:
         if ctx.is_main or c.log_all_ranks:
             print(f"error: {exc}", file=sys.stderr)
         return 1

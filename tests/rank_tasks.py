@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from refddp.checkpoints.loading import unwrap
+from refddp.checkpoints.run_state import unwrap
 from refddp.config.schema import TrainConfig
 from refddp.launch.dist import init_distributed
 from refddp.testing import record_collectives
@@ -293,7 +293,7 @@ def fit_with_a_failing_dcp_save(out: str, failing_save: int, **overrides) -> str
     Returns the error the trainer raised."""
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from refddp.checkpoints.loading import RunFileError
+    from refddp.checkpoints.run_files import RunFileError
 
     finish, saves = FileSystemWriter.finish, []
 

@@ -5,8 +5,6 @@ and so which module writes and reads it, is ``refddp/checkpoints/formats.py``'s 
 plain file (``refddp/checkpoints/full.py``) or the sharded directory
 (``refddp/checkpoints/dcp.py``). What a checkpoint holds, and continuing a run from it:
 ``refddp/checkpoints/run_state.py``; writing files atomically: ``refddp/checkpoints/run_files.py``.
-The names those
-modules own that callers have always taken from here are re-exported (``__all__``).
 """
 
 from __future__ import annotations
@@ -18,51 +16,14 @@ from typing import Any
 from torch import nn
 
 from refddp.checkpoints import formats as checkpoint_formats
-from refddp.checkpoints.full import BEST, LATEST, PREVIOUS, write_checkpoint
-from refddp.checkpoints.run_files import (
-    RunFileError,
-    checkpoint_dir,
-    remove_stale_temp_files,
-    save_atomic,
-    torch_save,
-    writing,
-)
+from refddp.checkpoints.run_files import checkpoint_dir
 from refddp.checkpoints.run_state import (
-    FORMAT_VERSION,
-    REQUIRED_KEYS,
     CheckpointError,
     check_model_compatible,
     clean_state_dict,
-    rng_state,
-    set_rng_state,
     unwrap,
 )
 from refddp.config.schema import TrainConfig
-
-__all__ = [
-    "BEST",
-    "FORMAT_VERSION",
-    "LATEST",
-    "PREVIOUS",
-    "REQUIRED_KEYS",
-    "CheckpointError",
-    "RunFileError",
-    "check_model_compatible",
-    "checkpoint_dir",
-    "clean_state_dict",
-    "load_checkpoint",
-    "load_full_checkpoint",
-    "load_model_weights",
-    "load_resume_checkpoint",
-    "remove_stale_temp_files",
-    "rng_state",
-    "save_atomic",
-    "set_rng_state",
-    "torch_save",
-    "unwrap",
-    "write_checkpoint",
-    "writing",
-]
 
 log = logging.getLogger("refddp")
 

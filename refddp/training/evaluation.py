@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.run_files import torch_save, writing
+from refddp.checkpoints.run_state import unwrap
 from refddp.config.schema import ConfigError, TrainConfig
 from refddp.launch.dist import DistContext, agree_any, rank0_then_meet
 from refddp.training.parallel import runs_in_lockstep
@@ -70,7 +72,7 @@ def evaluate(
     rank meets at tells them all, and the result says ``interrupted`` instead of metrics.
     """
     device = torch.device(ctx.device)
-    model = ckpt.unwrap(model)  # plain forward: no DDP collectives while shards differ in length
+    model = unwrap(model)  # plain forward: no DDP collectives while shards differ in length
     if objective is None:
         objective = agreed_objective(c, model, dataset, ctx)
     extra = objective.user_metrics
@@ -144,7 +146,7 @@ def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
 
     def write() -> None:
         path = os.path.join(c.out, "eval.json")
-        with ckpt.writing(path), open(path, "w") as f:
+        with writing(path), open(path, "w") as f:
             json.dump(result, f, indent=2)
 
     rank0_then_meet(write)
@@ -183,8 +185,8 @@ def run_predict(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         for name in (n for n in gathered[0] if n != "index"):
             result[name] = _in_order([g[name] for g in gathered if name in g], order)
         result["checkpoint"] = checkpoint
-        with ckpt.writing(path), open(path, "wb") as f:
-            ckpt.torch_save(result, f)
+        with writing(path), open(path, "wb") as f:
+            torch_save(result, f)
 
     rank0_then_meet(write)
     return {"num_samples": len(val), "checkpoint": checkpoint}

@@ -12,7 +12,7 @@ import os
 import torch
 from torch import nn
 
-from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.run_files import writing
 from refddp.config.command_line import save_yaml
 from refddp.config.schema import TrainConfig
 from refddp.config.validation import has_fused_kernel
@@ -39,6 +39,6 @@ def fuses_on_cuda(c: TrainConfig, device: torch.device) -> bool:
 
 def prepare_run_dir(c: TrainConfig) -> None:
     path = os.path.join(c.out, "config.yaml")
-    with ckpt.writing(path):
+    with writing(path):
         os.makedirs(c.out, exist_ok=True)
         save_yaml(c, path)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
+from refddp.checkpoints.run_state import CheckpointError, rng_state
 from refddp.config.schema import ConfigError, TrainConfig
 from refddp.config.validation import list_items, per_rank_batch_size
 from refddp.launch.dist import DistContext, rank0_then_meet
@@ -139,7 +140,7 @@ class Trainer:
                 f"rank {r}: " + (f"step {f[1]} in {f[0]}" if f else f"none in {c.out}")
                 for r, f in enumerate(found)
             )
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"resume: ranks found different checkpoints ({seen}); every rank resumes from "
                 "rank 0's: give rank 0 the checkpoint (a shared --out, or --resume PATH)"
             )
@@ -165,7 +166,7 @@ class Trainer:
         if self.model_has_buffers:
             sync_buffers(self.model)
         per_rank: list[Any] = [None] * self.ctx.world_size
-        mine = {"rng": ckpt.rng_state(), "loss": self.window.local_loss()}
+        mine = {"rng": rng_state(), "loss": self.window.local_loss()}
         dist.all_gather_object(per_rank, mine)
         self.pos.window = self.window.saved()
         fmt = checkpoint_formats.named(self.c.ckpt_format)  # full: rank 0 writes; dcp: all

@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from refddp.config.schema import ConfigError, TrainConfig
+from refddp.config.validation import is_import_path
 from refddp.launch.stop_signals import StopRequest
 from refddp.workload.image_folder import image_folders, is_image_folder
-from refddp.workload.imports import is_import_path, load_callable
+from refddp.workload.imports import load_callable
 from refddp.workload.objectives.batches import IGNORE_INDEX
 
 log = logging.getLogger(__name__)

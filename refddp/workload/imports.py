@@ -7,9 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from refddp.config.schema import ConfigError
-from refddp.config.validation import is_import_path
-
-__all__ = ["is_import_path", "load_callable"]
 
 
 def load_callable(spec: str, field: str) -> Callable[..., Any]:

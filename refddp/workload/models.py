@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from refddp.config.schema import ConfigError, TrainConfig
-from refddp.workload.imports import is_import_path, load_callable
+from refddp.config.validation import is_import_path
+from refddp.workload.imports import load_callable
 
 BUILT_IN = ("mlp", "cnn", "convnet")
 

@@ -12,6 +12,16 @@ from torch import nn
 
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.full import BEST, LATEST, PREVIOUS, write_checkpoint
+from refddp.checkpoints.run_files import RunFileError
+from refddp.checkpoints.run_state import (
+    CheckpointError,
+    check_model_compatible,
+    clean_state_dict,
+    rng_state,
+    set_rng_state,
+    unwrap,
+)
 from refddp.config.schema import TrainConfig
 from refddp.workload.models import build_model
 
@@ -30,25 +40,25 @@ def state(value: float = 1.0) -> dict:
 
 
 def test_round_trip_is_weights_only_loadable(tmp_path):
-    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=True)
-    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    write_checkpoint(state(2.0), str(tmp_path), is_best=True)
+    latest = tmp_path / "checkpoints" / LATEST
     loaded = torch.load(latest, weights_only=True)
     assert loaded["step"] == 2 and torch.equal(
         loaded["model_state_dict"]["w"], torch.full((3,), 2.0)
     )
-    assert torch.load(tmp_path / "checkpoints" / ckpt.BEST, weights_only=True)["step"] == 2
+    assert torch.load(tmp_path / "checkpoints" / BEST, weights_only=True)["step"] == 2
 
 
 def test_each_write_keeps_the_one_before(tmp_path):
-    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
-    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    write_checkpoint(state(2.0), str(tmp_path), is_best=False)
     directory = tmp_path / "checkpoints"
-    assert ckpt.load_checkpoint(str(directory / ckpt.LATEST))["step"] == 2
-    assert ckpt.load_checkpoint(str(directory / ckpt.PREVIOUS))["step"] == 1
+    assert ckpt.load_checkpoint(str(directory / LATEST))["step"] == 2
+    assert ckpt.load_checkpoint(str(directory / PREVIOUS))["step"] == 1
 
 
 def test_crash_while_writing_leaves_the_old_checkpoint_intact(tmp_path, monkeypatch):
-    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    write_checkpoint(state(1.0), str(tmp_path), is_best=False)
     real_save = torch.save
 
     def crash_half_way(obj, f, *args, **kwargs):
@@ -56,27 +66,27 @@ def test_crash_while_writing_leaves_the_old_checkpoint_intact(tmp_path, monkeypa
         raise RuntimeError("simulated crash during write")
 
     monkeypatch.setattr(torch, "save", crash_half_way)
-    with pytest.raises(ckpt.RunFileError, match="simulated crash"):
-        ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    with pytest.raises(RunFileError, match="simulated crash"):
+        write_checkpoint(state(2.0), str(tmp_path), is_best=False)
     monkeypatch.setattr(torch, "save", real_save)
     directory = tmp_path / "checkpoints"
-    assert ckpt.load_checkpoint(str(directory / ckpt.LATEST))["step"] == 1
+    assert ckpt.load_checkpoint(str(directory / LATEST))["step"] == 1
     assert [p for p in os.listdir(directory) if "tmp" in p] == [], "no temporary file left"
 
 
 def test_disk_full_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
-    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    write_checkpoint(state(1.0), str(tmp_path), is_best=False)
 
     def no_space(obj, f, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", no_space)
     with pytest.raises(
-        ckpt.RunFileError, match=r"cannot write checkpoint .*: No space left on device$"
+        RunFileError, match=r"cannot write checkpoint .*: No space left on device$"
     ):
-        ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+        write_checkpoint(state(2.0), str(tmp_path), is_best=False)
     monkeypatch.undo()
-    assert ckpt.load_checkpoint(str(tmp_path / "checkpoints" / ckpt.LATEST))["step"] == 1
+    assert ckpt.load_checkpoint(str(tmp_path / "checkpoints" / LATEST))["step"] == 1
 
 
 class Pickled:
@@ -86,7 +96,7 @@ class Pickled:
 def test_checkpoint_needing_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({**state(), "payload": Pickled()}, path)
-    with pytest.raises(ckpt.CheckpointError, match=r"refused: it needs pickled code"):
+    with pytest.raises(CheckpointError, match=r"refused: it needs pickled code"):
         ckpt.load_checkpoint(str(path))
 
 
@@ -95,7 +105,7 @@ def test_truncated_checkpoint_is_named(tmp_path):
     torch.save(state(), path)
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(
-        ckpt.CheckpointError, match=r"cut.pth: corrupt or truncated checkpoint"
+        CheckpointError, match=r"cut.pth: corrupt or truncated checkpoint"
     ) as e:
         ckpt.load_checkpoint(str(path))
     assert "\n" not in str(e.value)
@@ -105,19 +115,19 @@ def test_foreign_file_is_not_a_refddp_checkpoint(tmp_path):
     path = tmp_path / "other.pth"
     torch.save({"weights": torch.ones(2)}, path)
     with pytest.raises(
-        ckpt.CheckpointError, match=r"not a refddp checkpoint \(missing model_state_dict"
+        CheckpointError, match=r"not a refddp checkpoint \(missing model_state_dict"
     ):
         ckpt.load_checkpoint(str(path))
 
 
 def test_auto_resume_falls_back_to_the_previous_checkpoint_with_a_warning(tmp_path, caplog):
-    ckpt.write_checkpoint(state(1.0), str(tmp_path), is_best=False)
-    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
-    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    write_checkpoint(state(1.0), str(tmp_path), is_best=False)
+    write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    latest = tmp_path / "checkpoints" / LATEST
     latest.write_bytes(b"garbage")
     with caplog.at_level(logging.WARNING, logger="refddp"):
         path, loaded = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
-    assert path.endswith(ckpt.PREVIOUS) and loaded["step"] == 1
+    assert path.endswith(PREVIOUS) and loaded["step"] == 1
     assert (
         "checkpoint_latest.pth: corrupt" in caplog.text and "checkpoint_previous.pth" in caplog.text
     )
@@ -125,36 +135,36 @@ def test_auto_resume_falls_back_to_the_previous_checkpoint_with_a_warning(tmp_pa
 
 def test_corrupt_latest_without_a_fallback_is_an_error(tmp_path):
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / ckpt.LATEST).write_bytes(b"garbage")
-    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint_latest.pth: corrupt"):
+    (tmp_path / "checkpoints" / LATEST).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"checkpoint_latest.pth: corrupt"):
         ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
 
 
 def test_resume_path_that_does_not_exist_is_named(tmp_path):
-    with pytest.raises(ckpt.CheckpointError, match=r"^resume: checkpoint not found: .*gone.pth$"):
+    with pytest.raises(CheckpointError, match=r"^resume: checkpoint not found: .*gone.pth$"):
         ckpt.load_resume_checkpoint(TrainConfig(resume=str(tmp_path / "gone.pth")))
 
 
 def test_ddp_and_compile_prefixes_are_stripped():
     sd = {"module._orig_mod.net.0.weight": 1, "module.net.0.bias": 2, "head.weight": 3}
-    assert ckpt.clean_state_dict(sd) == {"net.0.weight": 1, "net.0.bias": 2, "head.weight": 3}
+    assert clean_state_dict(sd) == {"net.0.weight": 1, "net.0.bias": 2, "head.weight": 3}
     wrapped = nn.Sequential(nn.Linear(2, 2))
-    assert ckpt.unwrap(wrapped) is wrapped
+    assert unwrap(wrapped) is wrapped
 
 
 def test_checkpoint_of_another_model_names_missing_and_unexpected_keys():
     mlp = build_model(TrainConfig(model="mlp", depth=1))
     other = build_model(TrainConfig(model="cnn")).state_dict()
     with pytest.raises(
-        ckpt.CheckpointError,
+        CheckpointError,
         match=r"x.pth: does not fit this model; missing keys: net.0.weight.*; unexpected keys: features",
     ):
-        ckpt.check_model_compatible(mlp, other, "x.pth")
+        check_model_compatible(mlp, other, "x.pth")
     wider = build_model(TrainConfig(model="mlp", depth=1, hidden_size=64)).state_dict()
     with pytest.raises(
-        ckpt.CheckpointError, match=r"shape mismatch: net.0.weight \(64, 32\) vs \(128, 32\)"
+        CheckpointError, match=r"shape mismatch: net.0.weight \(64, 32\) vs \(128, 32\)"
     ):
-        ckpt.check_model_compatible(mlp, wider, "x.pth")
+        check_model_compatible(mlp, wider, "x.pth")
 
 
 def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
@@ -162,10 +172,10 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
 
     import numpy as np
 
-    saved = ckpt.rng_state()
+    saved = rng_state()
     expected = (torch.rand(2), random.random(), np.random.rand())
     torch.save({"rng": saved}, tmp_path / "rng.pth")
-    ckpt.set_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
+    set_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
     assert torch.equal(torch.rand(2), expected[0])
     assert (random.random(), np.random.rand()) == expected[1:]
 
@@ -174,16 +184,16 @@ def test_a_dangling_latest_link_is_named_not_taken_for_a_fresh_start(tmp_path, c
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     (directory / "checkpoint_latest.dcp").symlink_to("checkpoint_step00000004.dcp")  # gone
-    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint_latest.dcp is a dangling link"):
+    with pytest.raises(CheckpointError, match=r"checkpoint_latest.dcp is a dangling link"):
         ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
     (directory / "checkpoint_latest.dcp").unlink()
     # With a readable previous checkpoint: resume from it, with a warning naming the link.
-    ckpt.write_checkpoint(state(2.0), str(tmp_path), is_best=False)
-    os.rename(directory / ckpt.LATEST, directory / ckpt.PREVIOUS)
-    os.symlink("gone.pth", directory / ckpt.LATEST)
+    write_checkpoint(state(2.0), str(tmp_path), is_best=False)
+    os.rename(directory / LATEST, directory / PREVIOUS)
+    os.symlink("gone.pth", directory / LATEST)
     with caplog.at_level(logging.WARNING, logger="refddp"):
         path, loaded = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))
-    assert path.endswith(ckpt.PREVIOUS) and loaded["step"] == 2
+    assert path.endswith(PREVIOUS) and loaded["step"] == 2
     assert "checkpoint_latest.pth is a dangling link" in caplog.text
 
 
@@ -219,8 +229,8 @@ def test_the_written_checkpoint_holds_only_cpu_tensors_ties_kept(tmp_path):
     shared = torch.ones(2, 3).as_subclass(OnAGpu)
     state_on_gpu = {**state(), "model_state_dict": {"embed": shared, "head": shared},
                     "extra": Pair(torch.zeros(1).as_subclass(OnAGpu), 3)}  # fmt: skip
-    ckpt.write_checkpoint(state_on_gpu, str(tmp_path), is_best=False)
-    saved = torch.load(tmp_path / "checkpoints" / ckpt.LATEST, weights_only=False)
+    write_checkpoint(state_on_gpu, str(tmp_path), is_best=False)
+    saved = torch.load(tmp_path / "checkpoints" / LATEST, weights_only=False)
     tensors = [*saved["model_state_dict"].values(), saved["extra"].a]
     assert all(type(t) is torch.Tensor for t in tensors), [type(t) for t in tensors]
     assert saved["extra"].b == 3

@@ -13,7 +13,7 @@ import torch
 
 from refddp import convert_checkpoint
 from refddp.checkpoints import dcp as checkpoint_dcp
-from refddp.checkpoints.loading import LATEST
+from refddp.checkpoints.full import LATEST
 from tests.rank_tasks import fit_full_weights, fit_then_save_full, fit_with_a_failing_dcp_save
 from tests.torch_features import FSDP, needs_fsdp2
 

@@ -12,6 +12,7 @@ import textwrap
 import torch
 
 from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.full import LATEST
 from refddp.config.schema import TrainConfig
 
 CHILD = textwrap.dedent(
@@ -28,7 +29,7 @@ CHILD = textwrap.dedent(
                 "metrics": {}}
 
     out = sys.argv[1]
-    ckpt.write_checkpoint(state(1.0), out, is_best=False)
+    write_checkpoint(state(1.0), out, is_best=False)
     real_save = torch.save
 
     class DiesHalfWay:
@@ -46,7 +47,7 @@ CHILD = textwrap.dedent(
             return getattr(self.f, name)
 
     torch.save = lambda obj, f, *a, **k: real_save(obj, DiesHalfWay(f), *a, **k)
-    ckpt.write_checkpoint(state(2.0), out, is_best=False)
+    write_checkpoint(state(2.0), out, is_best=False)
     print("the write finished: it was not killed")
     """
 )
@@ -57,7 +58,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_checkpoint(tmp_pa
         [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
-    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    latest = tmp_path / "checkpoints" / LATEST
     state = ckpt.load_checkpoint(str(latest))  # complete, not half of the second write
     assert state["step"] == 1 and torch.equal(state["model_state_dict"]["w"][:3], torch.ones(3))
     resumed = ckpt.load_resume_checkpoint(TrainConfig(out=str(tmp_path)))

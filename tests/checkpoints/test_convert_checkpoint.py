@@ -11,7 +11,9 @@ import torch.distributed.checkpoint as dcp
 
 from refddp import convert_checkpoint
 from refddp.checkpoints import dcp as checkpoint_dcp
-from refddp.checkpoints.loading import CheckpointError, RunFileError, load_full_checkpoint
+from refddp.checkpoints.loading import load_full_checkpoint
+from refddp.checkpoints.run_files import RunFileError
+from refddp.checkpoints.run_state import CheckpointError
 
 # dcp.save in this process alone: its no_dist option is torch >= 2.6; before, it saves alone
 # whenever no process group is up, as here.

@@ -3,7 +3,7 @@
 import pytest
 
 from refddp.checkpoints import run_state
-from refddp.checkpoints.loading import CheckpointError
+from refddp.checkpoints.run_state import CheckpointError
 from refddp.config.schema import FIELDS, TrainConfig
 
 

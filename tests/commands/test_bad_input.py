@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from refddp.checkpoints import loading as ckpt
+from refddp.checkpoints.full import LATEST
+from refddp.checkpoints.run_state import FORMAT_VERSION
 from refddp.config.schema import TrainConfig
 from refddp.train import main
 from refddp.workload.models import build_model
@@ -110,7 +111,7 @@ def test_eval_without_a_checkpoint(capsys, tmp_path):
 
 def test_corrupt_latest_checkpoint_without_fallback(capsys, tmp_path):
     (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / ckpt.LATEST).write_bytes(b"PK\x03\x04 truncated")
+    (tmp_path / "checkpoints" / LATEST).write_bytes(b"PK\x03\x04 truncated")
     expect_usage_error(
         capsys, ["--out", str(tmp_path)], "checkpoint_latest.pth: corrupt or truncated checkpoint"
     )
@@ -179,7 +180,7 @@ def test_a_yaml_number_that_is_not_a_number_names_the_field(capsys, tmp_path, te
 def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(capsys, tmp_path):
     config = TrainConfig()
     state = {
-        "format_version": ckpt.FORMAT_VERSION + 1,
+        "format_version": FORMAT_VERSION + 1,
         "model_state_dict": build_model(config).state_dict(),
         "optimizer_state_dict": {},
         "scaler_state_dict": {},
@@ -194,6 +195,6 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(capsys, 
     expect_usage_error(
         capsys,
         ["--task", "eval", "--resume", str(path), "--out", str(tmp_path / "r")],
-        f"{path}: checkpoint format_version {ckpt.FORMAT_VERSION + 1} is newer than this refddp "
-        f"reads (format_version {ckpt.FORMAT_VERSION})",
+        f"{path}: checkpoint format_version {FORMAT_VERSION + 1} is newer than this refddp "
+        f"reads (format_version {FORMAT_VERSION})",
     )

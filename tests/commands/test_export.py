@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from refddp import export
-from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
+from refddp.checkpoints.full import write_checkpoint
+from refddp.checkpoints.run_state import rng_state
 from refddp.config.schema import TrainConfig
 from refddp.launch.dist import DistContext
 from refddp.training.parallel import build_parallel
@@ -49,8 +50,8 @@ def a_checkpoint(out, step=3, **fields) -> str:
         torch.amp.GradScaler("cpu", enabled=False),
     )
     state = run_state.build_state(parts, run_state.Position(step=step), c, c.batch_size, 10,
-                                  [{"rng": ckpt.rng_state(), "loss": [0.0, 0]}])  # fmt: skip
-    return ckpt.write_checkpoint(state, str(out), is_best=False)
+                                  [{"rng": rng_state(), "loss": [0.0, 0]}])  # fmt: skip
+    return write_checkpoint(state, str(out), is_best=False)
 
 
 def error_line(capsys) -> str:

@@ -12,7 +12,7 @@ import torch
 
 import refddp
 from refddp.checkpoints import dcp as checkpoint_dcp
-from refddp.checkpoints.loading import LATEST
+from refddp.checkpoints.full import LATEST
 from tests.checkpoints.test_resume import assert_same_weights, only_error_line
 from tests.rank_tasks import (
     fit_counting_compiled_graphs,

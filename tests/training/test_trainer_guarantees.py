@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from refddp.checkpoints.loading import LATEST
+from refddp.checkpoints.full import LATEST
 from refddp.config.schema import ConfigError
 from refddp.testing import RankFailure, RankTimeout
 from refddp.workload.models import build_model

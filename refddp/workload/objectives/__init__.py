@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from refddp.config.schema import ConfigError, TrainConfig
-from refddp.workload.imports import is_import_path, load_callable
+from refddp.config.validation import is_import_path
+from refddp.workload.imports import load_callable
 from refddp.workload.objectives.base import LossTerms, Objective
 from refddp.workload.objectives.batches import first_batch, to_device
 from refddp.workload.objectives.cross_entropy import CrossEntropy
