@@ -27,7 +27,7 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 # Everything, the slow tests too (whole CLI jobs, restarts, real nodes, SLURM where installed,
-# compile) and the trainer at 256 ranks (tests/multiproc/test_scale.py).
+# compile) and the trainer at 256 ranks (tests/training/test_scale.py).
 test-all: $(VENV)/.installed-test
 	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -39,19 +39,19 @@ gpu: $(VENV)/.installed-test
 
 # Flake hunt (issue 15): the fault and CLI end-to-end tests, STRESS_REPETITIONS pytest sessions
 # under -n 2; runs and failures per test go to benchmarks/results/stress.json. Then the
-# generated step scenarios (tests/multiproc/test_step_scenarios.py), STRESS_SCENARIOS of them
+# generated step scenarios (tests/training/test_step_scenarios.py), STRESS_SCENARIOS of them
 # (the default suite runs 25), drawn afresh each time.
 STRESS_REPETITIONS ?= 30
 STRESS_SCENARIOS ?= 500
 stress: $(VENV)/.installed-test
 	$(PY) benchmarks/stress.py $(STRESS_REPETITIONS)
 	REFDDP_SCENARIOS=$(STRESS_SCENARIOS) $(PY) -m pytest -q -p no:cacheprovider \
-		tests/multiproc/test_step_scenarios.py --hypothesis-show-statistics
+		tests/training/test_step_scenarios.py --hypothesis-show-statistics
 
-# The trainer's invariants at 256 ranks (tests/multiproc/test_scale.py; ~4 min), then the harness
+# The trainer's invariants at 256 ranks (tests/training/test_scale.py; ~4 min), then the harness
 # from 8 to 1,024 ranks (benchmarks/harness_scale.py; ~4 min, 14 GiB).
 scale: $(VENV)/.installed-test
-	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest tests/multiproc/test_scale.py
+	REFDDP_LARGE_WORLDS=1 $(PY) -m pytest tests/training/test_scale.py
 	$(PY) benchmarks/harness_scale.py
 
 lint: $(VENV)/.installed-test

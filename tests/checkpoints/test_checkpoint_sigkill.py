@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     import torch
-    from refddp.checkpoints import loading as ckpt
+    from refddp.checkpoints.full import write_checkpoint
     from refddp.config.schema import TrainConfig
 
     def state(value):

@@ -709,9 +709,16 @@ MUTANTS = (
         "a-late-import-closes-a-cycle", "no refddp module imports another back", CKPT_FULL,
         '    """The plain file\'s dict is the full checkpoint already."""\n',
         '    """The plain file\'s dict is the full checkpoint already."""\n'
-        "    from refddp import checkpoint  # noqa: F401 - the facade imports this module\n",
+        "    from refddp.checkpoints import loading  # noqa: F401 - loading imports this module\n",
         ("tests/project/test_import_graph.py::test_refddps_modules_import_one_another_without_a"
          "_cycle",),
+    ),
+    Mutant(
+        "an-import-against-the-layout", "each part imports only what the layout allows",
+        "refddp/launch/slurm.py", "from refddp.config.schema import ConfigError\n",
+        "from refddp.config.schema import ConfigError\n"
+        "from refddp.training import watchdog  # noqa: F401 - launch reaching up to training\n",
+        ("tests/project/test_import_graph.py::test_every_part_imports_only_what_the_layout_allows",),
     ),
     Mutant(
         "full-checkpoint-left-unread", "the full checkpoint of either format", CKPT,
