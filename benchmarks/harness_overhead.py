@@ -24,14 +24,20 @@ import torch.distributed as dist
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from record import write  # noqa: E402
 
-from refddp.testing.driver.pool import RankPool  # noqa: E402
-
 try:
     from refddp.testing.driver import rank_server
+    from refddp.testing.driver.pool import RankPool
     from refddp.testing.driver.warm_pools import shutdown_pools, spawn_ranks
-except ImportError:  # a tree from before the rank server
-    rank_server = None
-    from refddp.testing.driver.pool import shutdown_pools, spawn_ranks  # type: ignore[no-redef]
+except ImportError:  # an older tree: refddp/testing/ before its folders
+    from refddp.testing.pool import RankPool  # type: ignore[no-redef]
+
+    try:
+        from refddp.testing.warm_pools import shutdown_pools, spawn_ranks  # type: ignore[no-redef]
+
+        from refddp.testing import rank_server  # type: ignore[no-redef]
+    except ImportError:  # a tree from before the rank server
+        rank_server = None
+        from refddp.testing.pool import shutdown_pools, spawn_ranks  # type: ignore[no-redef]
 
 
 def nothing() -> None:

@@ -10,10 +10,10 @@ from refddp.config.schema import FIELDS, INVOCATION
 
 HEADER = """# Configuration reference
 
-Generated from `refddp/config/schema.py` by `python -m refddp.config_reference >
-docs/configuration.md` (a test checks it is current). Every field is a YAML key of
-`--config FILE.yaml` and a flag (`--batch-size`; booleans also `--no-...`). Precedence: CLI
-flag > YAML > the resumed checkpoint's config > default.
+Generated from `refddp/config/schema.py` by
+`python -m refddp.config_reference > docs/configuration.md` (a test checks it is current). Every
+field is a YAML key of `--config FILE.yaml` and a flag (`--batch-size`; booleans also
+`--no-...`). Precedence: CLI flag > YAML > the resumed checkpoint's config > default.
 
 *On resume* is what a resumed run does with a new value: **applied** (in effect from the first
 resumed step), **refused** (a usage error: it would be another run; start one with

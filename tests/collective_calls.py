@@ -475,7 +475,7 @@ def _point_to_point(case: Case) -> Verdict:
             tokens += [(sender, f":{sent_dtype}"), (receiver, f":{dtype}")]
             # An async receive (irecv, a group's recv, a batch's) is compared at its wait
             # when its sender had not posted yet as it was issued; a larger message than its
-            # buffer makes gloo abort the receiver first (fingerprint_check.py says so).
+            # buffer makes gloo abort the receiver first (checks/fingerprint.py says so).
             receiving = case.calls[receiver]
             asynchronous = case.collective == "batch_isend_irecv" or receiving.async_op or \
                 receiving.group == "pg"  # fmt: skip

@@ -21,9 +21,7 @@ import torch
 from torch import nn
 
 from refddp.checkpoints import formats as checkpoint_formats
-from refddp.config.schema import (  # noqa: F401 - APPLIED, DERIVED: the other rules, named here too
-    APPLIED,
-    DERIVED,
+from refddp.config.schema import (
     ON_RESUME,
     REFUSED,
     ConfigError,

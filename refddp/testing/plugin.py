@@ -10,7 +10,7 @@ pickled to the ranks. pytest's other built-in fixtures (``capsys``, ``caplog``, 
 belong to the pytest process; asking for one fails that test at setup, naming it.
 ``@pytest.mark.nodes(n)`` runs a test's ranks as n simulated nodes (each with a
 ``node_tmp_path`` of its own, per test), with ``real=True`` as n real nodes (network
-namespaces: see ``nodes.py``); ``@pytest.mark.faults(...)`` injects faults into a
+namespaces: see ``nodes/simulated.py``); ``@pytest.mark.faults(...)`` injects faults into a
 rank-side test (``spawn`` takes ``faults=``).
 """
 

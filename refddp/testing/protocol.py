@@ -1,4 +1,5 @@
-"""The messages the driver (``pool.py``) and each rank (``worker.py``) exchange, by name.
+"""The messages the driver (``driver/pool.py``, ``driver/tasks.py``) and each rank
+(``rank/worker.py``) exchange, by name.
 
 One private socket per rank carries them, pickled. Driver -> rank: ``RunTask``, ``Stop``.
 Rank -> driver: ``Ready`` or ``InitError`` once, then one of ``Done`` / ``Failed`` /

@@ -3,7 +3,7 @@
 The rank writes it on every collective it enters (``collectives.py``) and the driver reads it,
 even while the rank is blocked, to explain a hang or a failure (``reports.py``, ``tasks.py``);
 a rank waiting in a subgroup's fingerprint check reads its peers' to tell a wait that can end
-from one that cannot (``fingerprint_check.py``). Reading imports nothing heavy.
+from one that cannot (``checks/fingerprint.py``). Reading imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the ranks of a group must agree on, collective by collective (``signatures.py``), and
-how a subgroup's verdict is reached from its members' records (``fingerprint_check.py``).
+how a subgroup's verdict is reached from its members' records (``checks/fingerprint.py``).
 Two calls agree when their fingerprints are equal; what the documentation lets differ between
 ranks stays out of the fingerprint."""
 

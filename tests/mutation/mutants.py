@@ -706,9 +706,9 @@ MUTANTS = (
          "_group",),
     ),
     Mutant(
-        "a-late-import-closes-a-cycle", "no refddp module imports another back", CKPT_FULL,
-        '    """The plain file\'s dict is the full checkpoint already."""\n',
-        '    """The plain file\'s dict is the full checkpoint already."""\n'
+        "a-late-import-closes-a-cycle", "no refddp module imports another back", RUN_STATE,
+        "    schedule values, so what config.yaml records is what runs.\n    \"\"\"\n",
+        "    schedule values, so what config.yaml records is what runs.\n    \"\"\"\n"
         "    from refddp.checkpoints import loading  # noqa: F401 - loading imports this module\n",
         ("tests/project/test_import_graph.py::test_refddps_modules_import_one_another_without_a"
          "_cycle",),

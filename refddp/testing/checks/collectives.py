@@ -4,7 +4,7 @@ Three uses: a hang report names the last collective each rank entered (its slot,
 a small memory-mapped file the driver reads even while the rank is blocked); tests compare the
 sequence each rank issued (``record_collectives``) to prove every rank takes the same path;
 and, when enabled, every collective is first checked against the other ranks' of its group
-(``enable_fingerprint_check``; ``fingerprint_check.py``), so a mismatch fails with each rank's
+(``enable_fingerprint_check``; ``checks/fingerprint.py``), so a mismatch fails with each rank's
 call named.
 
 Why our own check rather than torch's: with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps each

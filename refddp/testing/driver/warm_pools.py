@@ -26,7 +26,7 @@ class PoolKey(NamedTuple):
     debug: bool = True
     devices: tuple[str, ...] = ()
     nnodes: int | None = None
-    real_nodes: bool = False  # each node a cluster.Cluster's (nodes.py)
+    real_nodes: bool = False  # each node a cluster.Cluster's (nodes/simulated.py)
 
 
 _pools: dict[PoolKey, RankPool] = {}
@@ -102,7 +102,7 @@ def spawn_ranks(
 
     ``backend=None`` means gloo (the pytest ``spawn`` fixture picks nccl for ``gpu`` tests);
     ``faults`` are injected (``refddp.testing.faults``); ``nnodes`` splits the ranks into
-    simulated nodes (``nodes.py``), real ones (network namespaces, root only) with
+    simulated nodes (``nodes/simulated.py``), real ones (network namespaces, root only) with
     ``real_nodes``. Raises ``RankFailure`` as soon as a rank fails (``cause``:
     the rank that failed first), ``RankTimeout`` after ``timeout`` seconds (or sooner for a
     certain hang) and ``RankSkipped`` if a rank skipped.

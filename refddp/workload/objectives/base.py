@@ -51,9 +51,8 @@ class Objective:
 
     def count(self, batch: Any) -> torch.Tensor | int:
         """The targets of ``batch`` its loss is summed over, counted before the forward: the
-        trainer agrees on the global batch's count while the forward runs and scales the loss
-        by it before the backward (``refddp/training/steps.py``). ``LossTerms.count`` is the
-        same."""
+        trainer agrees on the global batch's count while the forward runs and scales the loss by
+        it before the backward (``refddp/training/steps.py``). ``LossTerms.count`` is the same."""
         raise NotImplementedError
 
     @property
