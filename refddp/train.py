@@ -31,6 +31,7 @@ from refddp.config.validation import (
     validate,
 )
 from refddp.launch.dist import (
+    DistContext,
     RankZeroError,
     init_distributed,
     setup_logging,
@@ -215,6 +216,9 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                                 f"({_validation_summary(result['metrics'])})")  # fmt: skip
                     summary += "; the final evaluation is non-finite"
                     code = 1
+                    # Said now: once a rank exits 1 the launcher may end this one mid-teardown.
+                    _log_summary(ctx, summary, started, c.out)
+                    summary = ""
                     recorded = record_error(unusable, AGREED_STOP)
                     if ctx.world_size > 1:  # none exits before every rank has recorded it
                         dist.barrier()
@@ -258,17 +262,18 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
         return 1
     finally:
         teardown()
-    if ctx.is_main:
-        log.info(
-            "%s (%.1f s, %d rank(s), run directory %s)",
-            summary,
-            time.perf_counter() - started,
-            ctx.world_size,
-            c.out,
-        )
+    if summary:
+        _log_summary(ctx, summary, started, c.out)
     if unusable and not recorded and ctx.is_main:
         print(f"error: {unusable}", file=sys.stderr)
     return code
+
+
+def _log_summary(ctx: DistContext, summary: str, started: float, out: str) -> None:
+    """Rank 0's last line: what the task did, how long it took, where its files are."""
+    if ctx.is_main:
+        elapsed = time.perf_counter() - started
+        log.info("%s (%.1f s, %d rank(s), run directory %s)", summary, elapsed, ctx.world_size, out)
 
 
 def _validation_summary(metrics: dict) -> str:
