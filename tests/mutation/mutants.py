@@ -26,6 +26,7 @@ DATA, TRAINER, EVALUATION = "refddp/workload/data.py", "refddp/training/trainer.
 STEPS, RUN_SETUP = "refddp/training/steps.py", "refddp/training/run_setup.py"
 CKPT, COLLECTIVES = "refddp/checkpoints/loading.py", "refddp/testing/checks/collectives.py"
 SIGNATURES, CHECK = "refddp/testing/checks/signatures.py", "refddp/testing/checks/fingerprint.py"
+BOARD, T_BOARD = "refddp/testing/checks/board.py", "tests/harness/test_board.py"
 GROUP_METHODS = "refddp/testing/checks/process_groups.py"
 T_SIGNATURES = "tests/harness/test_signatures.py"
 T_FINGERPRINT = "tests/harness/test_collective_fingerprint.py"
@@ -431,8 +432,29 @@ MUTANTS = (
     ),
     Mutant(
         "fingerprint-never-compared", "collective fingerprint: a real mismatch caught",
-        CHECK, "if extremes[0] != -extremes[1]:", "if False:",
+        CHECK, "    if not _board.all_alike(digest):", "    if False:",
         (f"{T_HARNESS}::test_mismatched_collective_order_fails_naming_both_collectives",),
+    ),
+    Mutant(
+        "board-reads-only-its-own-cell", "collective fingerprint: the board compares every rank's",
+        BOARD, "        return self._cells[cells : cells + CELL.size * self.size] == "
+        "CELL.pack(digest) * self.size",
+        "        return self._cells[cells + CELL.size * self.rank : cells + CELL.size * (self.rank + 1)]"
+        " == CELL.pack(digest)",
+        (f"{T_BOARD}::test_every_rank_gets_the_same_true_verdict_at_any_pace",
+         f"{T_FINGERPRINT}::test_mismatched_dtypes_fail_naming_both_dtypes"),
+    ),
+    Mutant(
+        "board-one-half", "collective fingerprint: a round's cells are read before the next's",
+        BOARD, "        half, self.rounds = self.rounds % 2, self.rounds + 1",
+        "        half, self.rounds = 0, self.rounds + 1",
+        (f"{T_BOARD}::test_a_rank_slow_to_read_its_round_still_reads_that_rounds_cells",),
+    ),
+    Mutant(
+        "board-count-not-reset", "collective fingerprint: every round completes", BOARD,
+        "            CELL.pack_into(self._cells, CELL.size * half, 0 if last else count)",
+        "            CELL.pack_into(self._cells, CELL.size * half, count)",
+        (f"{T_BOARD}::test_a_pool_joined_again_starts_a_new_board_on_the_same_file",),
     ),
     Mutant(
         "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", SIGNATURES,
@@ -1941,6 +1963,10 @@ MUTANTS = (
         "        if detail:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
         "        if False:\n            dist.set_debug_level(dist.DebugLevel.INFO)",
         ("tests/harness/test_harness_parity.py::test_another_backend_starts_for_real_and_the_pools_group_comes_back",),
+        equivalent="wherever the debug level is DETAIL the pool has replaced torch's wrapper factory "
+        "(`fingerprint.replace_torchs_group_check`), so the test's group is unwrapped at either "
+        "level (run on torch 2.13); the lower level keeps it so on a torch that renames that "
+        "private factory and still wraps",
     ),
     Mutant(
         "rank-read-from-the-current-group", "another backend started for real", UNITTEST,

@@ -8,9 +8,10 @@ collective with a point-to-point exchange the other ranks make first can hang un
 where torch completes it; docs/known-limitations.md):
 
 - **A group of every rank** (the default group, however it is named; a ``new_group`` of every
-  rank; a backend object built directly with the world's size): one small all-reduce of a hash
-  on the pool's helper group (``MIN`` of (h, -h): equal only if every rank's is), an all-gather
-  of every rank's text only on a mismatch. all_to_all's split sizes must pair up across ranks,
+  rank; a backend object built directly with the world's size): a hash of each rank's
+  fingerprint, compared on the pool's board (``board.py``: a file every rank maps, cheaper than
+  an all-reduce at many ranks), and an all-gather of every rank's text on the pool's helper
+  group only on a mismatch. all_to_all's split sizes must pair up across ranks,
   which a hash cannot compare: one more all-reduce, of a world x world matrix of what each rank
   sends and expects, up to ``PAIRING_LIMIT`` ranks (above it, pairing is not checked).
 - **A subgroup** (``new_group`` of some ranks): through the pool's store. Each member posts its
@@ -40,6 +41,7 @@ from typing import Any
 
 from refddp.testing import rank_lists
 from refddp.testing.checks import signatures
+from refddp.testing.checks.board import Board
 from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
 
 PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)
@@ -55,6 +57,7 @@ class CollectiveMismatch(RuntimeError):
 
 _store: Any = None  # the pool's store, under our own prefix; None: only groups of every rank
 _workdir: str | None = None  # where the ranks' slot files are
+_board: Board | None = None  # where groups of every rank compare their hashes
 _task = 0
 _group_counts: dict[str, int] = {}
 _p2p_counts: dict[tuple, int] = {}
@@ -62,12 +65,18 @@ _p2p_counts: dict[tuple, int] = {}
 
 def configure(store: Any, workdir: str | None) -> None:
     """Check subgroups and point-to-point calls through ``store`` (the pool's); ``workdir``
-    holds the ranks' slot files."""
-    global _store, _workdir
+    holds the ranks' slot files and the board of groups of every rank (made anew when the pool's
+    group is joined again, on every rank between the same tests: every round is complete)."""
+    global _store, _workdir, _board
     import torch.distributed as dist
 
     _store = dist.PrefixStore("refddp-check/", store) if store is not None else None
     _workdir = workdir
+    if workdir is None:
+        return
+    if _board is not None:
+        _board.close()
+    _board = Board(workdir, dist.get_world_size(), dist.get_rank())
 
 
 def replace_torchs_group_check() -> None:
@@ -150,14 +159,13 @@ Pairs = tuple[list[int], list[int]]
 
 def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: Pairs | None,
               index: int, group: Any) -> None:  # fmt: skip
-    """One small all-reduce: a 56-bit hash of each rank's fingerprint as (min, -max)."""
+    """A 56-bit hash of each rank's fingerprint, compared on the pool's board."""
     import torch
     import torch.distributed as dist
 
+    assert _board is not None, "the check of groups of every rank needs the pool's workdir"
     digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
-    extremes = torch.tensor([digest, -digest], dtype=torch.int64)
-    dist.distributed_c10d.all_reduce(extremes, op=dist.ReduceOp.MIN, group=checker)
-    if extremes[0] != -extremes[1]:
+    if not _board.all_alike(digest):
         _name_the_mismatch(checker, display, count)
     world_size = dist.get_world_size(checker)
     if pairs is not None and world_size <= PAIRING_LIMIT:
