@@ -12,11 +12,12 @@ import os
 import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refddp.testing.checks import board as board_module
-from refddp.testing.checks.board import Board
+from refddp.testing.checks.board import CELL, Board
 
 
 def run_ranks(workdir: str, posts: list[list[int]], delays: list[list[float]] | None = None,
@@ -38,11 +39,16 @@ def run_ranks(workdir: str, posts: list[list[int]], delays: list[list[float]] | 
             errors.append(exc)
 
     threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
-    assert not any(t.is_alive() for t in threads), "a rank is still waiting on the board"
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in threads), "a rank is still waiting on the board"
+    finally:
+        if not any(t.is_alive() for t in threads):
+            for b in boards:
+                b.close()
     assert not errors, errors
     return verdicts
 
@@ -81,7 +87,9 @@ def test_a_rank_slow_to_read_its_round_still_reads_that_rounds_cells(tmp_path, m
     verdicts: dict[str, list[bool]] = {"fast": [], "slow": []}
 
     def fast() -> None:
-        time.sleep(0.1)  # rank 1 waits: it is woken by rank 0
+        deadline = time.monotonic() + 10
+        while CELL.unpack_from(boards[0]._cells, 0)[0] != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)  # until rank 1 has counted itself in: rank 0 then wakes it
         verdicts["fast"].append(boards[0].all_alike(1))
         verdicts["fast"].append(boards[0].all_alike(2))
 
@@ -95,6 +103,8 @@ def test_a_rank_slow_to_read_its_round_still_reads_that_rounds_cells(tmp_path, m
     for t in threads:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads), "a rank is still waiting on the board"
+    for b in boards:
+        b.close()
     assert verdicts == {"fast": [True, True], "slow": [True, True]}
 
 
@@ -103,9 +113,22 @@ def test_a_pool_joined_again_starts_a_new_board_on_the_same_file(tmp_path):
     # at round 0, after an odd number of rounds: both halves' counts are back at 0 by then.
     boards = [Board(str(tmp_path), 3, rank) for rank in range(3)]
     assert run_ranks(str(tmp_path), [[5, 6, 5]] * 3, boards=boards) == [[True] * 3] * 3
-    for b in boards:
-        b.close()
     again = [Board(str(tmp_path), 3, rank) for rank in range(3)]
     assert run_ranks(str(tmp_path), [[1, 4], [1, 4], [2, 4]], boards=again) == [[False, True]] * 3
-    for b in again:
-        b.close()
+
+
+def test_a_rank_taken_out_of_a_round_midway_fails_its_next_round(tmp_path, monkeypatch):
+    board = Board(str(tmp_path), 2, 1)
+
+    class Interrupted(BaseException):
+        """What a signal handler might raise while the rank waits (a timeout, Ctrl-C)."""
+
+    def interrupted(fd: int, n: int) -> bytes:
+        raise Interrupted
+
+    monkeypatch.setattr(board_module.os, "read", interrupted)
+    with pytest.raises(Interrupted):
+        board.all_alike(3)
+    with pytest.raises(RuntimeError, match="broken: this rank left a round midway"):
+        board.all_alike(3)
+    board.close()

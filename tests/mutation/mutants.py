@@ -437,9 +437,9 @@ MUTANTS = (
     ),
     Mutant(
         "board-reads-only-its-own-cell", "collective fingerprint: the board compares every rank's",
-        BOARD, "        return self._cells[cells : cells + CELL.size * self.size] == "
+        BOARD, "        alike = self._cells[cells : cells + CELL.size * self.size] == "
         "CELL.pack(digest) * self.size",
-        "        return self._cells[cells + CELL.size * self.rank : cells + CELL.size * (self.rank + 1)]"
+        "        alike = self._cells[cells + CELL.size * self.rank : cells + CELL.size * (self.rank + 1)]"
         " == CELL.pack(digest)",
         (f"{T_BOARD}::test_every_rank_gets_the_same_true_verdict_at_any_pace",
          f"{T_FINGERPRINT}::test_mismatched_dtypes_fail_naming_both_dtypes"),
@@ -449,6 +449,12 @@ MUTANTS = (
         BOARD, "        half, self.rounds = self.rounds % 2, self.rounds + 1",
         "        half, self.rounds = 0, self.rounds + 1",
         (f"{T_BOARD}::test_a_rank_slow_to_read_its_round_still_reads_that_rounds_cells",),
+    ),
+    Mutant(
+        "board-unbroken-by-an-interrupted-round",
+        "collective fingerprint: a rank out of a round midway fails its next", BOARD,
+        "        self.broken = True  # until the round is done\n", "",
+        (f"{T_BOARD}::test_a_rank_taken_out_of_a_round_midway_fails_its_next_round",),
     ),
     Mutant(
         "board-count-not-reset", "collective fingerprint: every round completes", BOARD,

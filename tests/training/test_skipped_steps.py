@@ -169,6 +169,7 @@ def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli,
     assert done.returncode == 1, done.stderr
     assert re.search(r"done: step 12, val_loss (nan|inf), .*; the final evaluation is non-finite",
                      done.stderr), done.stderr  # fmt: skip
+    assert done.stderr.count("done: step 12") == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "step 12: the final evaluation is non-finite" in errors[0]
 

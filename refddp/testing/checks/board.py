@@ -14,8 +14,11 @@ between the two halves: a rank can start round k+2 only once round k+1 is comple
 k+1 completes only when every rank has woken from round k, so no rank overwrites a cell, or
 takes a wake-up byte, that another still needs.
 
-A rank that never comes leaves the others asleep, as the all-reduce did: hangs are the driver's
-to report, from the ranks' slots.
+A rank that never comes (it died, or skipped the collective) leaves the others asleep until the
+driver stops them: hangs and failures are the driver's to report, from the ranks' slots and
+replies. A rank taken out of a round midway (a signal handler that raises while it waits) breaks
+the board: its next round raises, so the task fails and its pool is closed, rather than a later
+round reading a wake-up byte or cells meant for another.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ class Board:
     """This rank's side of the pool's board: ``size`` ranks, this one ``rank``."""
 
     def __init__(self, workdir: str, size: int, rank: int):
-        self.size, self.rank = size, rank
+        self.workdir, self.size, self.rank = workdir, size, rank
         self.rounds = 0  # the same on every rank: each round needs them all
+        self.broken = False
         length = CELL.size * 2 * (1 + size)  # two counts, then two halves of ``size`` cells
         self._fd = os.open(os.path.join(workdir, "check-board"), os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._fd).st_size < length:
@@ -52,6 +56,9 @@ class Board:
     def all_alike(self, digest: int) -> bool:
         """Post ``digest``, wait for every rank's of this round, and say whether they are all
         equal to it (the same answer on every rank)."""
+        if self.broken:
+            raise RuntimeError("the pool's check board is broken: this rank left a round midway")
+        self.broken = True  # until the round is done
         half, self.rounds = self.rounds % 2, self.rounds + 1
         cells = CELL.size * (2 + half * self.size)
         CELL.pack_into(self._cells, cells + CELL.size * self.rank, digest)
@@ -63,10 +70,14 @@ class Board:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         if last:
-            os.write(self._wake[half], b"\0" * (self.size - 1))
+            wake = memoryview(b"\0" * (self.size - 1))
+            while wake:  # (a pipe takes a large write in parts)
+                wake = wake[os.write(self._wake[half], wake) :]
         else:
             os.read(self._wake[half], 1)
-        return self._cells[cells : cells + CELL.size * self.size] == CELL.pack(digest) * self.size
+        alike = self._cells[cells : cells + CELL.size * self.size] == CELL.pack(digest) * self.size
+        self.broken = False
+        return alike
 
     def close(self) -> None:
         self._cells.close()

@@ -178,10 +178,13 @@ def forget_failure() -> None:
 
 def enable_fingerprint_check(helper_group: Any, store: Any = None, workdir: str | None = None
                              ) -> None:  # fmt: skip
-    """Check each collective against every rank's of its group before issuing it: on
-    ``helper_group`` (a group of every rank) for groups of every rank, through ``store`` (the
-    pool's) for subgroups and point-to-point calls; ``workdir`` holds the ranks' slots."""
+    """Check each collective against every rank's of its group before issuing it: for groups of
+    every rank on the board in ``workdir`` (which holds the ranks' slots too; required), a
+    mismatch then named over ``helper_group`` (a group of every rank); through ``store`` (the
+    pool's) for subgroups and point-to-point calls."""
     global _checker
+    if helper_group is not None and workdir is None:
+        raise ValueError("enable_fingerprint_check: a helper group needs the pool's workdir")
     install()
     _checker = helper_group
     fingerprint_check.configure(store, workdir)

@@ -55,7 +55,7 @@ class CollectiveMismatch(RuntimeError):
     """Ranks issued different collectives at the same point on the same group."""
 
 
-_store: Any = None  # the pool's store, under our own prefix; None: only groups of every rank
+_store: Any = None  # the pool's store, under our own prefix; None: subgroups and pairs unchecked
 _workdir: str | None = None  # where the ranks' slot files are
 _board: Board | None = None  # where groups of every rank compare their hashes
 _task = 0
@@ -65,8 +65,8 @@ _p2p_counts: dict[tuple, int] = {}
 
 def configure(store: Any, workdir: str | None) -> None:
     """Check subgroups and point-to-point calls through ``store`` (the pool's); ``workdir``
-    holds the ranks' slot files and the board of groups of every rank (made anew when the pool's
-    group is joined again, on every rank between the same tests: every round is complete)."""
+    holds the ranks' slot files and the board of groups of every rank (kept, with its count of
+    rounds, when the pool's group is joined again: every rank has made the same rounds)."""
     global _store, _workdir, _board
     import torch.distributed as dist
 
@@ -74,9 +74,11 @@ def configure(store: Any, workdir: str | None) -> None:
     _workdir = workdir
     if workdir is None:
         return
-    if _board is not None:
-        _board.close()
-    _board = Board(workdir, dist.get_world_size(), dist.get_rank())
+    size, rank = dist.get_world_size(), dist.get_rank()
+    if _board is None or (_board.workdir, _board.size, _board.rank) != (workdir, size, rank):
+        if _board is not None:
+            _board.close()
+        _board = Board(workdir, size, rank)
 
 
 def replace_torchs_group_check() -> None:
@@ -163,7 +165,7 @@ def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: P
     import torch
     import torch.distributed as dist
 
-    assert _board is not None, "the check of groups of every rank needs the pool's workdir"
+    assert _board is not None  # (enable_fingerprint_check refuses a checker without a workdir)
     digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
     if not _board.all_alike(digest):
         _name_the_mismatch(checker, display, count)
@@ -182,8 +184,8 @@ def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: P
 
 def _name_the_mismatch(checker: Any, display: str, count: int, why: str = "") -> None:
     """All-gather every rank's description and count, and raise naming each distinct one with
-    the ranks running it (an all-gather of every rank's text costs several times the hash's
-    all-reduce on many ranks: only on a mismatch)."""
+    the ranks running it (an all-gather of every rank's text costs several times a board round
+    on many ranks: only on a mismatch)."""
     import torch
     import torch.distributed as dist
 
