@@ -108,9 +108,10 @@ def test_a_rank_slow_to_read_its_round_still_reads_that_rounds_cells(tmp_path, m
     assert verdicts == {"fast": [True, True], "slow": [True, True]}
 
 
-def test_a_pool_joined_again_starts_a_new_board_on_the_same_file(tmp_path):
-    # A pool's group joined again (after a test destroyed it) makes every rank's board anew,
-    # at round 0, after an odd number of rounds: both halves' counts are back at 0 by then.
+def test_each_halfs_count_is_back_at_0_for_its_next_round(tmp_path):
+    # Round 3 uses half 0 again, after round 1: its count must be back at 0. After an odd
+    # number of rounds both halves' counts are 0, so boards made afresh on the same file (at
+    # round 0, on half 0) go on.
     boards = [Board(str(tmp_path), 3, rank) for rank in range(3)]
     assert run_ranks(str(tmp_path), [[5, 6, 5]] * 3, boards=boards) == [[True] * 3] * 3
     again = [Board(str(tmp_path), 3, rank) for rank in range(3)]

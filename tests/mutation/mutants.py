@@ -460,7 +460,7 @@ MUTANTS = (
         "board-count-not-reset", "collective fingerprint: every round completes", BOARD,
         "            CELL.pack_into(self._cells, CELL.size * half, 0 if last else count)",
         "            CELL.pack_into(self._cells, CELL.size * half, count)",
-        (f"{T_BOARD}::test_a_pool_joined_again_starts_a_new_board_on_the_same_file",),
+        (f"{T_BOARD}::test_each_halfs_count_is_back_at_0_for_its_next_round",),
     ),
     Mutant(
         "fingerprint-without-shapes", "collective fingerprint: shapes and dtypes", SIGNATURES,
