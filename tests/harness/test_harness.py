@@ -34,6 +34,12 @@ def raise_on_rank_1():
     dist.barrier()
 
 
+def fail_one_after_another(gap_s):
+    dist.barrier()
+    time.sleep(gap_s * dist.get_rank())
+    raise ValueError(f"rank {dist.get_rank()} fails in turn")
+
+
 def exit_on_rank_1():
     if dist.get_rank() == 1:
         os._exit(7)
@@ -96,6 +102,15 @@ def test_warm_pool_is_reused_between_calls(spawn):
     first = {pid for _, _, pid in spawn(whoami)}
     second = {pid for _, _, pid in spawn(whoami)}
     assert first == second
+
+
+def test_ranks_failing_one_after_another_are_all_reported_failed_not_still_running(spawn):
+    # Each failure comes 0.3 s after the last, within the 0.5 s grace of it but the last one
+    # 0.9 s after the first: the window stays open while failures keep coming.
+    with pytest.raises(RankFailure) as info:
+        spawn(fail_one_after_another, 0.3, world_size=4, timeout=GENEROUS_DEADLINE)
+    assert set(info.value.failures) == {0, 1, 2, 3}
+    assert "still running" not in str(info.value)
 
 
 def test_raising_rank_is_reported_with_its_traceback_and_output_fast(spawn):

@@ -963,6 +963,16 @@ MUTANTS = (
         (f"{T_FAULTS}::test_a_fault_at_a_named_point_fires_there",),
     ),
     Mutant(
+        "failure-grace-from-the-first-failure-only",
+        "ranks failing one after another are all reported failed", TASKS,
+        "            if quiet_until < float(\"inf\") or isinstance(replies[rank], FAILURES):\n"
+        "                quiet_until = time.monotonic() + FAILURE_GRACE_S\n",
+        "            if quiet_until == float(\"inf\") and isinstance(replies[rank], FAILURES):\n"
+        "                quiet_until = time.monotonic() + FAILURE_GRACE_S\n",
+        ("tests/harness/test_harness.py::test_ranks_failing_one_after_another_are_all_reported"
+         "_failed_not_still_running",),
+    ),
+    Mutant(
         "unfired-fault-passes", "a fault that never fires fails the test", TASKS,
         "    if unfired:\n", "    if False:\n",
         (f"{T_FAULTS}::test_a_fault_that_never_fires_fails_the_test",),

@@ -39,7 +39,10 @@ from refddp.testing.rank_lists import rank_list
 from refddp.testing.slots import read_slot, slot_path_for
 
 DEFAULT_TIMEOUT_S = 60.0
-FAILURE_GRACE_S = 0.5  # after the first failure, how long to collect near-simultaneous others
+# After a failure, how long to wait for the next reply: a rank blocked with the failed one
+# never replies, while ranks failing together (all told of one mismatch) reply in a trickle
+# that, on a loaded machine, can outlast any fixed window from the first failure.
+FAILURE_GRACE_S = 0.5
 # A rank still inside a collective this long after every other rank finished the task is hung:
 # nobody is left to complete it. (Not zero: a peer may return a moment before it does.)
 ONE_SIDED_CONFIRM_S = 2.0
@@ -201,30 +204,33 @@ def collect_replies(
 ) -> tuple[dict[int, Reply], list[int]]:
     """Wait for one reply per rank until the deadline; a dead rank replies ``Died``.
 
-    After the first failure, wait only FAILURE_GRACE_S more: the others are probably
-    blocked in a collective with the failed rank and would never answer. With
+    After a failure, wait only until FAILURE_GRACE_S pass with no reply: the others are
+    probably blocked in a collective with the failed rank and would never answer, but while
+    replies keep coming (many ranks told of one mismatch at once, replying one after another
+    on a loaded machine) the window stays open. With
     ``watch_hangs``, once some ranks finished cleanly, also stop early when a rank is stuck
     in a collective the finished ones will never join; those ranks are returned second.
     """
     pending = {pool.conns[r]: r for r in ranks}
     replies: dict[int, Reply] = {}
     suspects: dict[int, tuple[str, float]] = {}
+    quiet_until = float("inf")  # past a failure: when FAILURE_GRACE_S will have passed unheard
     while pending:
         now = time.monotonic()
-        if now >= deadline:
+        if now >= min(deadline, quiet_until):
             break
         finished = (
             watch_hangs and replies and not any(isinstance(m, FAILURES) for m in replies.values())
         )
-        timeout = min(deadline - now, HANG_POLL_S) if finished else deadline - now
-        for conn in wait(list(pending), timeout=timeout):
+        timeout = min(deadline, quiet_until) - now
+        for conn in wait(list(pending), timeout=min(timeout, HANG_POLL_S) if finished else timeout):
             rank = pending.pop(conn)
             try:
                 replies[rank] = conn.recv()
             except (EOFError, OSError):
                 replies[rank] = Died(_exit_description(pool, rank), time.monotonic())
-            if isinstance(replies[rank], FAILURES):
-                deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+            if quiet_until < float("inf") or isinstance(replies[rank], FAILURES):
+                quiet_until = time.monotonic() + FAILURE_GRACE_S
         if finished and pending:
             stuck = _stuck_alone(pool, sorted(pending.values()), suspects)
             if stuck:
