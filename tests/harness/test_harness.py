@@ -387,6 +387,40 @@ def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
     assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
 
 
+NO_MAIN_GUARD = """
+import os
+from refddp.testing import RankFailure, spawn_ranks
+
+# A stop for this test's own sake: without the harness's refusal, each rank's load of this
+# script starts a pool of its own, whose ranks load it again; here the third level fails.
+depth = int(os.environ.get("NESTED_POOLS", "0"))
+if depth >= 2:
+    raise SystemExit("nested pools two deep")
+os.environ["NESTED_POOLS"] = str(depth + 1)
+
+
+def one():
+    return 1
+
+
+try:
+    print("results:", spawn_ranks(one, world_size=2))
+except RankFailure as failure:
+    print("refused:", "under `if __name__" in str(failure))
+"""
+
+
+def test_a_driver_script_without_a_main_guard_is_refused_in_the_ranks_not_run_again(tmp_path):
+    # Each rank loads the driver's script to find ``one``: its top-level spawn_ranks would
+    # start a pool in every rank, and theirs in every one of theirs.
+    script = tmp_path / "driver.py"
+    script.write_text(NO_MAIN_GUARD)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240
+    ).stdout
+    assert "refused: True" in out, out
+
+
 def test_rank_whose_driver_died_before_it_started_exits_at_once(tmp_path):
     ours, theirs = socket.socketpair()
     with ours, theirs:

@@ -973,6 +973,14 @@ MUTANTS = (
          "_failed_not_still_running",),
     ),
     Mutant(
+        "pool-started-while-a-rank-loads-the-driver-script",
+        "a driver script without a main guard is refused, not run again in every rank", POOL,
+        "        if os.environ.get(LOADING_DRIVER_SCRIPT):\n",
+        "        if False:\n",
+        ("tests/harness/test_harness.py::test_a_driver_script_without_a_main_guard_is_refused"
+         "_in_the_ranks_not_run_again",),
+    ),
+    Mutant(
         "unfired-fault-passes", "a fault that never fires fails the test", TASKS,
         "    if unfired:\n", "    if False:\n",
         (f"{T_FAULTS}::test_a_fault_that_never_fires_fails_the_test",),

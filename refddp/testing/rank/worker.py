@@ -47,6 +47,7 @@ from refddp.testing.checks import fingerprint as fingerprint_check
 from refddp.testing.context import RankContext
 from refddp.testing.nodes import simulated as nodes
 from refddp.testing.protocol import (
+    LOADING_DRIVER_SCRIPT,
     RANK_FIXTURES,
     STACK_SIGNAL,
     Done,
@@ -75,25 +76,41 @@ def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | Non
     """Make the driver's modules importable here, whatever pytest's import mode."""
     sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path]
     for name, file in modules:
-        if name == "__main__":
-            name = DRIVER_MAIN  # its `if __name__ == "__main__":` block must not run here
-        current = sys.modules.get(name)
-        if current is not None and getattr(current, "__file__", None) == file:
-            continue
-        try:
-            module = importlib.import_module(name)
-            if file is None or getattr(module, "__file__", None) == file:
-                continue
-        except ImportError:
-            if file is None:
-                raise
-        # Not importable by name here (pytest's importlib mode, rootdir-relative names): load
-        # it from its file under the name the driver pickled against.
-        spec = importlib.util.spec_from_file_location(name, file)
-        assert spec is not None and spec.loader is not None, f"cannot load {file}"
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        if name == "__main__":  # its `if __name__ == "__main__":` block must not run here
+            with _loading_driver_script():
+                _import_module(DRIVER_MAIN, file)
+        else:
+            _import_module(name, file)
+
+
+@contextlib.contextmanager
+def _loading_driver_script() -> Iterator[None]:
+    os.environ[LOADING_DRIVER_SCRIPT] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[LOADING_DRIVER_SCRIPT]
+
+
+def _import_module(name: str, file: str | None) -> None:
+    """Import ``name`` here, from ``file`` where it is not importable by that name."""
+    current = sys.modules.get(name)
+    if current is not None and getattr(current, "__file__", None) == file:
+        return
+    try:
+        module = importlib.import_module(name)
+        if file is None or getattr(module, "__file__", None) == file:
+            return
+    except ImportError:
+        if file is None:
+            raise
+    # Not importable by name here (pytest's importlib mode, rootdir-relative names): load
+    # it from its file under the name the driver pickled against.
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None, f"cannot load {file}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
 
 
 def _health(unclean: tuple[str, ...] = ()) -> Health:
