@@ -123,7 +123,7 @@ def run_nodes(commands: list[list[str]], timeout: float = 240) -> list[tuple[int
     """Start the nodes in this order (on one host torchrun ranks nodes by process id, so the
     first becomes rank 0) and wait for all: each node's (exit code, output).
 
-    A hang raises ``subprocess.TimeoutExpired`` carrying every node's output, each process's
+    A hang raises ``RunHung`` whose message ends with every node's output, each process's
     stacks included (``stop_hung``); no node outlives the call.
     """
     nodes = [start(command) for command in commands]
@@ -131,8 +131,9 @@ def run_nodes(commands: list[list[str]], timeout: float = 240) -> list[tuple[int
         outputs = ["".join(node.communicate(timeout=timeout)) for node in nodes]
     except subprocess.TimeoutExpired as exc:
         stop_hung(nodes)
-        exc.output = "\n".join("".join(node.communicate()) for node in nodes)
-        raise
+        printed = [f"--- node {i} (exit {node.poll()}):\n" + "".join(node.communicate(timeout=30))
+                   for i, node in enumerate(nodes)]  # fmt: skip
+        raise RunHung(exc.cmd, timeout, "\n".join(printed)) from None
     finally:
         for node in nodes:
             node.kill()
