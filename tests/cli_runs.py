@@ -37,9 +37,11 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
 class RunHung(subprocess.TimeoutExpired):
     """A run outlived its timeout; its message ends with what it printed, stacks included."""
 
+    SHOWN = 12000  # characters of output the message keeps, the last ones
+
     def __str__(self) -> str:
         printed = "".join(part for part in (self.output, self.stderr) if part)
-        return f"{super().__str__()}; what it printed, every process's stacks last:\n" + printed[-12000:]
+        return f"{super().__str__()}; what it printed, every process's stacks last:\n" + printed[-self.SHOWN :]
 
 
 def _process_tree(root: int) -> list[int]:
@@ -131,8 +133,15 @@ def run_nodes(commands: list[list[str]], timeout: float = 240) -> list[tuple[int
         outputs = ["".join(node.communicate(timeout=timeout)) for node in nodes]
     except subprocess.TimeoutExpired as exc:
         stop_hung(nodes)
-        printed = [f"--- node {i} (exit {node.poll()}):\n" + "".join(node.communicate(timeout=30))
-                   for i, node in enumerate(nodes)]  # fmt: skip
+        printed = []
+        for i, node in enumerate(nodes):
+            try:
+                text = "".join(node.communicate(timeout=30))
+            except subprocess.TimeoutExpired:  # a process outside its tree holds its pipes
+                text = "(its output could not be read: a process it left holds it)"
+            # Each node's tail, so that one node's stacks cannot crowd out another's.
+            tail = text[-RunHung.SHOWN // len(nodes) :]
+            printed.append(f"--- node {i} (exit {node.returncode}):\n{tail}")
         raise RunHung(exc.cmd, timeout, "\n".join(printed)) from None
     finally:
         for node in nodes:

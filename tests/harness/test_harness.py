@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from refddp.testing import RankFailure, RankTimeout, record_collectives
+from refddp.testing.driver import tasks
 from refddp.testing.driver.warm_pools import PoolKey, _pools
 
 GENEROUS_DEADLINE = 120.0  # the failure tests must finish far sooner than this
@@ -104,11 +105,14 @@ def test_warm_pool_is_reused_between_calls(spawn):
     assert first == second
 
 
-def test_ranks_failing_one_after_another_are_all_reported_failed_not_still_running(spawn):
-    # Each failure comes 0.3 s after the last, within the 0.5 s grace of it but the last one
-    # 0.9 s after the first: the window stays open while failures keep coming.
+def test_ranks_failing_one_after_another_are_all_reported_failed_not_still_running(
+    spawn, monkeypatch
+):
+    # Each failure comes 1 s after the last, well within a 2 s window of it (room for a loaded
+    # machine), but the last one 3 s after the first: the window stays open while they come.
+    monkeypatch.setattr(tasks, "FAILURE_GRACE_S", 2.0)
     with pytest.raises(RankFailure) as info:
-        spawn(fail_one_after_another, 0.3, world_size=4, timeout=GENEROUS_DEADLINE)
+        spawn(fail_one_after_another, 1.0, world_size=4, timeout=GENEROUS_DEADLINE)
     assert set(info.value.failures) == {0, 1, 2, 3}
     assert "still running" not in str(info.value)
 
@@ -363,11 +367,18 @@ def skip_here():
     pytest.skip("not on this rank")
 
 
+def loading_flag():
+    import os
+
+    return os.environ.get("REFDDP_LOADING_DRIVER_SCRIPT")
+
+
 if __name__ == "__main__":
     try:
         spawn_ranks(skip_here)
     except RankSkipped as skip:
         print("skipped:", skip.reason)
+    print("flag after the load:", spawn_ranks(loading_flag))
     print("driver imported pytest:", any(m.split(".")[0] in ("pytest", "_pytest") for m in sys.modules))
     pool = RankPool(2)
     ranks = pool.procs
@@ -384,6 +395,7 @@ def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
     ).stdout
     assert "skipped: not on this rank" in out, "a rank's skip is a RankSkipped outside pytest"
     assert "driver imported pytest: False" in out
+    assert "flag after the load: [None, None]" in out, "a load's flag must not outlive it"
     assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
 
 

@@ -965,20 +965,26 @@ MUTANTS = (
     Mutant(
         "failure-grace-from-the-first-failure-only",
         "ranks failing one after another are all reported failed", TASKS,
-        "            if quiet_until < float(\"inf\") or isinstance(replies[rank], FAILURES):\n"
+        "            if quiet_until < math.inf or isinstance(replies[rank], FAILURES):\n"
         "                quiet_until = time.monotonic() + FAILURE_GRACE_S\n",
-        "            if quiet_until == float(\"inf\") and isinstance(replies[rank], FAILURES):\n"
+        "            if quiet_until == math.inf and isinstance(replies[rank], FAILURES):\n"
         "                quiet_until = time.monotonic() + FAILURE_GRACE_S\n",
-        ("tests/harness/test_harness.py::test_ranks_failing_one_after_another_are_all_reported"
-         "_failed_not_still_running",),
+        (f"{T_HARNESS}::test_ranks_failing_one_after_another_are_all_reported_failed_not_still"
+         "_running",),
     ),
     Mutant(
         "pool-started-while-a-rank-loads-the-driver-script",
         "a driver script without a main guard is refused, not run again in every rank", POOL,
         "        if os.environ.get(LOADING_DRIVER_SCRIPT):\n",
         "        if False:\n",
-        ("tests/harness/test_harness.py::test_a_driver_script_without_a_main_guard_is_refused"
-         "_in_the_ranks_not_run_again",),
+        (f"{T_HARNESS}::test_a_driver_script_without_a_main_guard_is_refused_in_the_ranks_not"
+         "_run_again",),
+    ),
+    Mutant(
+        "driver-script-flag-left-set",
+        "a rank's later tasks run with no trace of the driver script's load", WORKER,
+        "        os.environ.pop(LOADING_DRIVER_SCRIPT, None)\n", "        pass\n",
+        (f"{T_HARNESS}::test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message",),
     ),
     Mutant(
         "unfired-fault-passes", "a fault that never fires fails the test", TASKS,

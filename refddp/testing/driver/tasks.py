@@ -2,16 +2,18 @@
 
 ``run_task`` sends one ``RunTask`` to every rank of a pool (``pool.py``, which owns the ranks'
 start and stop), waits for each rank's reply until the task's deadline (``collect_replies``:
-only a moment past the first failure, or until a rank is certainly hung), and turns the replies
-into the ranks' results, ``RankSkipped``, or a ``RankFailure`` / ``RankTimeout`` whose report
-(``reports.py``) names the rank that failed first; a failed task closes its pool, one that left
-it unsound marks it so. Apart from ``pool.py`` because this is what a task does with a pool,
-not how a pool comes to be; ``pool.py`` imports this module (its start waits for ``Ready``
-through ``collect_replies``), so the pool is passed in, never imported.
+after a failure, only until replies stop for a moment, or until a rank is certainly hung),
+and turns the replies into the ranks' results, ``RankSkipped``, or a ``RankFailure`` /
+``RankTimeout`` whose report (``reports.py``) names the rank that failed first; a failed task
+closes its pool, one that left it unsound marks it so. Apart from ``pool.py`` because this is
+what a task does with a pool, not how a pool comes to be; ``pool.py`` imports this module (its
+start waits for ``Ready`` through ``collect_replies``), so the pool is passed in, never
+imported.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import signal
@@ -214,7 +216,7 @@ def collect_replies(
     pending = {pool.conns[r]: r for r in ranks}
     replies: dict[int, Reply] = {}
     suspects: dict[int, tuple[str, float]] = {}
-    quiet_until = float("inf")  # past a failure: when FAILURE_GRACE_S will have passed unheard
+    quiet_until = math.inf  # past a failure: when FAILURE_GRACE_S will have passed unheard
     while pending:
         now = time.monotonic()
         if now >= min(deadline, quiet_until):
@@ -229,7 +231,7 @@ def collect_replies(
                 replies[rank] = conn.recv()
             except (EOFError, OSError):
                 replies[rank] = Died(_exit_description(pool, rank), time.monotonic())
-            if quiet_until < float("inf") or isinstance(replies[rank], FAILURES):
+            if quiet_until < math.inf or isinstance(replies[rank], FAILURES):
                 quiet_until = time.monotonic() + FAILURE_GRACE_S
         if finished and pending:
             stuck = _stuck_alone(pool, sorted(pending.values()), suspects)

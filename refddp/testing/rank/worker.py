@@ -85,11 +85,13 @@ def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | Non
 
 @contextlib.contextmanager
 def _loading_driver_script() -> Iterator[None]:
+    """Flag the load of the driver's script, so that a pool its top-level code starts is
+    refused (``RankPool``); the flag is gone once the load is over, however it ends."""
     os.environ[LOADING_DRIVER_SCRIPT] = "1"
     try:
         yield
     finally:
-        del os.environ[LOADING_DRIVER_SCRIPT]
+        os.environ.pop(LOADING_DRIVER_SCRIPT, None)
 
 
 def _import_module(name: str, file: str | None) -> None:
