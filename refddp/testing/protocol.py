@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 # request): a rank running one answered the driver's stack request by stopping, not dumping.
 STACK_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
-# Set in a rank while it runs the driver's script to find the task's function there: a pool
-# started then is the script's top-level code running again in every rank (a fork bomb), so
-# it is refused, as multiprocessing's spawn refuses a start during its bootstrap.
-LOADING_DRIVER_SCRIPT = "REFDDP_LOADING_DRIVER_SCRIPT"
+# Set in a rank while it loads the driver's script or test modules to find the task's function
+# there: a pool started then is their top-level code running again in every rank (a fork
+# bomb), so it is refused, as multiprocessing's spawn refuses a start during its bootstrap.
+LOADING_DRIVER_MODULES = "REFDDP_LOADING_DRIVER_MODULES"
 
 
 class Health(NamedTuple):

@@ -370,7 +370,7 @@ def skip_here():
 def loading_flag():
     import os
 
-    return os.environ.get("REFDDP_LOADING_DRIVER_SCRIPT")
+    return os.environ.get("REFDDP_LOADING_DRIVER_MODULES")
 
 
 if __name__ == "__main__":
@@ -399,16 +399,20 @@ def test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message(tmp_path):
     assert "ranks exited with: [0, 0]" in out, "Stop, not SIGKILL, ends an idle pool"
 
 
-NO_MAIN_GUARD = """
+# A stop for the sake of the tests of a pool started at import: without the harness's refusal,
+# each rank's load of the module starts a pool of its own, whose ranks load it again; here the
+# third level fails.
+STOP_NESTED_POOLS = """
 import os
-from refddp.testing import RankFailure, spawn_ranks
 
-# A stop for this test's own sake: without the harness's refusal, each rank's load of this
-# script starts a pool of its own, whose ranks load it again; here the third level fails.
 depth = int(os.environ.get("NESTED_POOLS", "0"))
 if depth >= 2:
     raise SystemExit("nested pools two deep")
 os.environ["NESTED_POOLS"] = str(depth + 1)
+"""
+
+NO_MAIN_GUARD = STOP_NESTED_POOLS + """
+from refddp.testing import RankFailure, spawn_ranks
 
 
 def one():

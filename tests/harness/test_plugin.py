@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from tests.harness.test_harness import STOP_NESTED_POOLS
+
 BEHAVIOUR = """
 import os
 import pytest
@@ -59,6 +61,32 @@ def test_plain():
 
 def run_inner(pytester, *args):
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=240)
+
+
+A_POOL_AT_IMPORT = STOP_NESTED_POOLS + """
+from refddp.testing import spawn_ranks
+
+
+def one():
+    return 1
+
+
+ONES = spawn_ranks(one, world_size=2)
+
+
+def test_ones():
+    assert ONES == [1, 1]
+"""
+
+
+def test_a_test_module_starting_a_pool_at_import_is_refused_in_the_ranks(pytester):
+    # The ranks import the test module to find ``one``: its top-level spawn_ranks would
+    # start a pool in every rank, and theirs in every one of theirs.
+    pytester.makepyfile(test_pool_at_import=A_POOL_AT_IMPORT)
+    result = run_inner(pytester)
+    assert result.ret != 0
+    out = result.stdout.str()
+    assert "a RankPool was started while a rank loaded the driver's script or test module" in out
 
 
 @pytest.mark.parametrize("import_mode", ["prepend", "importlib"])

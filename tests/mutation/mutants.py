@@ -974,16 +974,19 @@ MUTANTS = (
     ),
     Mutant(
         "pool-started-while-a-rank-loads-the-driver-script",
-        "a driver script without a main guard is refused, not run again in every rank", POOL,
-        "        if os.environ.get(LOADING_DRIVER_SCRIPT):\n",
+        "a pool started at a driver script's or test module's import is refused in the ranks",
+        POOL,
+        "        if os.environ.get(LOADING_DRIVER_MODULES):\n",
         "        if False:\n",
         (f"{T_HARNESS}::test_a_driver_script_without_a_main_guard_is_refused_in_the_ranks_not"
-         "_run_again",),
+         "_run_again",
+         "tests/harness/test_plugin.py::test_a_test_module_starting_a_pool_at_import_is_refused"
+         "_in_the_ranks"),
     ),
     Mutant(
         "driver-script-flag-left-set",
         "a rank's later tasks run with no trace of the driver script's load", WORKER,
-        "        os.environ.pop(LOADING_DRIVER_SCRIPT, None)\n", "        pass\n",
+        "        os.environ.pop(LOADING_DRIVER_MODULES, None)\n", "        pass\n",
         (f"{T_HARNESS}::test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message",),
     ),
     Mutant(

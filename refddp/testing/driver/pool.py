@@ -31,7 +31,7 @@ from refddp.testing.driver.reports import PoolFiles
 from refddp.testing.driver.tasks import DEFAULT_TIMEOUT_S, collect_replies, failure_text, run_task
 from refddp.testing.faults import Fault
 from refddp.testing.nodes import simulated as node_layout
-from refddp.testing.protocol import LOADING_DRIVER_SCRIPT, Ready, Stop
+from refddp.testing.protocol import LOADING_DRIVER_MODULES, Ready, Stop
 from refddp.testing.rank import coverage as rank_coverage
 
 STOP_GRACE_S = 5.0  # for ranks to save their coverage data and exit, after Stop or SIGTERM
@@ -82,11 +82,11 @@ class RankPool:
         nnodes: int | None = None,
         real_nodes: bool = False,
     ):
-        if os.environ.get(LOADING_DRIVER_SCRIPT):
+        if os.environ.get(LOADING_DRIVER_MODULES):
             raise RuntimeError(
-                "a RankPool was started while a rank loaded the driver's script to find a "
-                "task's function: its top-level code runs again in every rank; start pools "
-                'under `if __name__ == "__main__":`'
+                "a RankPool was started while a rank loaded the driver's script or test module "
+                "to find a task's function: their top-level code runs again in every rank; "
+                'start pools under `if __name__ == "__main__":`, in a test or a fixture'
             )
         self.nodes = node_layout.layout(world_size, nnodes)
         if real_nodes and self.nodes is None:

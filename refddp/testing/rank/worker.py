@@ -47,7 +47,7 @@ from refddp.testing.checks import fingerprint as fingerprint_check
 from refddp.testing.context import RankContext
 from refddp.testing.nodes import simulated as nodes
 from refddp.testing.protocol import (
-    LOADING_DRIVER_SCRIPT,
+    LOADING_DRIVER_MODULES,
     RANK_FIXTURES,
     STACK_SIGNAL,
     Done,
@@ -75,23 +75,23 @@ class _TaskUnpickler(pickle.Unpickler):
 def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | None]]) -> None:
     """Make the driver's modules importable here, whatever pytest's import mode."""
     sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path]
-    for name, file in modules:
-        if name == "__main__":  # its `if __name__ == "__main__":` block must not run here
-            with _loading_driver_script():
-                _import_module(DRIVER_MAIN, file)
-        else:
-            _import_module(name, file)
+    with _loading_driver_modules():
+        for name, file in modules:
+            # The driver's script runs here under another name: its `if __name__ ==
+            # "__main__":` block must not run in a rank.
+            _import_module(DRIVER_MAIN if name == "__main__" else name, file)
 
 
 @contextlib.contextmanager
-def _loading_driver_script() -> Iterator[None]:
-    """Flag the load of the driver's script, so that a pool its top-level code starts is
-    refused (``RankPool``); the flag is gone once the load is over, however it ends."""
-    os.environ[LOADING_DRIVER_SCRIPT] = "1"
+def _loading_driver_modules() -> Iterator[None]:
+    """Flag the load of the driver's script and test modules, so that a pool their top-level
+    code starts is refused (``RankPool``); the flag is gone once the load is over, however it
+    ends."""
+    os.environ[LOADING_DRIVER_MODULES] = "1"
     try:
         yield
     finally:
-        os.environ.pop(LOADING_DRIVER_SCRIPT, None)
+        os.environ.pop(LOADING_DRIVER_MODULES, None)
 
 
 def _import_module(name: str, file: str | None) -> None:
