@@ -48,8 +48,9 @@ def examples(default: int) -> settings:
 
 
 def the_mismatch(report: str) -> str:
-    """The ``Detected mismatch ...`` line of a failure's report."""
-    start = report.index("Detected mismatch between collectives on ranks: ")
+    """The ``Detected mismatch ...`` line of a failure's report (its last, in a rank's
+    traceback: the headline's ends with the world size)."""
+    start = report.rindex("Detected mismatch between collectives on ranks: ")
     return report[start:].splitlines()[0]
 
 

@@ -184,7 +184,11 @@ def test_ranks_that_disagree_on_a_collective_have_no_single_cause(spawn):
     with pytest.raises(RankFailure) as info:
         spawn(mismatched, timeout=60)
     assert info.value.cause is None
-    assert str(info.value).startswith("rank(s) [0, 1] failed")
+    # What they disagree on, told to both, is the headline's own.
+    assert str(info.value).splitlines()[0].startswith(
+        "rank(s) [0, 1] failed: refddp.testing.checks.fingerprint.CollectiveMismatch: Detected "
+        "mismatch between collectives on ranks: rank 0 is running #1 all_reduce("
+    ), str(info.value)
 
 
 def victim_wraps_the_collective_s_error():

@@ -990,6 +990,12 @@ MUTANTS = (
         (f"{T_HARNESS}::test_driver_needs_no_pytest_and_stops_ranks_with_a_stop_message",),
     ),
     Mutant(
+        "mismatch-left-out-of-the-headline", "one error told to every failed rank heads the "
+        "report", TASKS,
+        "            if len(said) == 1:", "            if False:",
+        (f"{T_FAULTS}::test_ranks_that_disagree_on_a_collective_have_no_single_cause",),
+    ),
+    Mutant(
         "unfired-fault-passes", "a fault that never fires fails the test", TASKS,
         "    if unfired:\n", "    if False:\n",
         (f"{T_FAULTS}::test_a_fault_that_never_fires_fails_the_test",),

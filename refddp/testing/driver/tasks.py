@@ -172,6 +172,9 @@ def _fail(
                 details = blame(cause, replies, pending, acting, slots, "")[1] + details
         else:
             headline = f"rank(s) {rank_list(failures)} failed"
+            said = {exception_line(text) for text in failures.values()}
+            if len(said) == 1:  # one error told to every failed rank (a collective mismatch)
+                headline += f": {said.pop()}"
         headline = _lost_nodes(pool, replies, fired) + headline
         error: RankFailure = RankFailure(
             pool.files.report(headline, failures, stacks, offsets, details),
