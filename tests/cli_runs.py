@@ -93,15 +93,19 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 240)
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_hung([proc])
-        try:
-            stdout, stderr = proc.communicate(timeout=30)  # (its tree is gone: the pipes close)
-        except subprocess.TimeoutExpired:  # a process outside its tree holds them
-            stdout, stderr = "", "(its output could not be read: a process it left holds it)"
-        raise RunHung(cmd, timeout, stdout, stderr) from None
+        raise RunHung(cmd, timeout, *_output_once_stopped(proc)) from None
     except BaseException:
         stop_hung([proc], grace_s=0)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _output_once_stopped(proc: subprocess.Popen) -> tuple[str, str]:
+    """What ``proc`` printed (stdout, stderr), read after ``stop_hung`` ended its tree."""
+    try:
+        return proc.communicate(timeout=30)  # (its tree is gone: the pipes close)
+    except subprocess.TimeoutExpired:  # a process outside its tree holds them
+        return "", "(its output could not be read: a process it left holds it)"
 
 
 def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -135,10 +139,7 @@ def run_nodes(commands: list[list[str]], timeout: float = 240) -> list[tuple[int
         stop_hung(nodes)
         printed = []
         for i, node in enumerate(nodes):
-            try:
-                text = "".join(node.communicate(timeout=30))
-            except subprocess.TimeoutExpired:  # a process outside its tree holds its pipes
-                text = "(its output could not be read: a process it left holds it)"
+            text = "".join(_output_once_stopped(node))
             # Each node's tail, so that one node's stacks cannot crowd out another's.
             tail = text[-RunHung.SHOWN // len(nodes) :]
             printed.append(f"--- node {i} (exit {node.returncode}):\n{tail}")
