@@ -268,7 +268,8 @@ def fit_full_weights_where_cuda_fuses(out: str, fuses: bool, **overrides) -> dic
 
 def fit_signalled_after_step(out: str, step: int, signalled_rank: int, **overrides) -> dict:
     """``fit_full_weights``, with SIGTERM sent to ``signalled_rank`` alone right after its
-    step ``step`` (the other ranks learn of it at the next step's agreement)."""
+    step ``step`` (the other ranks learn of it at the next stop check, every step with
+    ``stop_check_s=0``)."""
     import os
     import signal
 
@@ -397,10 +398,13 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
 
         def step_then_signal(batches):
             signum = train_step(batches)
+            if met_stop_check(trainer):
+                met.append(trainer.pos.step)
             if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
                 os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
             return signum
 
+        met: list[int] = []
         trainer.micro_loss, trainer.train_step = faulty, step_then_signal
         result = trainer.fit()
     return {
@@ -409,8 +413,15 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
         "step": result["step"],
         "stopped_by": result["stopped_by"],
         "skipped": result["skipped_steps"],
+        "met": met,
         "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
     }
+
+
+def met_stop_check(trainer: Trainer) -> bool:
+    """Whether the step just run could have stopped: its agreement met (one process reads
+    its own signal every step)."""
+    return not trainer.several or trainer.agreement.met
 
 
 def assert_in_step(ranks: list[dict]) -> None:
@@ -423,6 +434,7 @@ def assert_in_step(ranks: list[dict]) -> None:
                                               lineterm="", n=1))  # fmt: skip
         )
         assert found["sequence"] == first["sequence"], "DDP's own all-reduces differ"
+        assert found["met"] == first["met"], "the ranks met on different steps"
         assert (found["step"], found["stopped_by"], found["skipped"]) == (
             first["step"], first["stopped_by"], first["skipped"]
         )  # fmt: skip

@@ -191,7 +191,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
     from refddp.testing import record_collectives
     from refddp.testing.checks.collectives import process_group_sequence
     from refddp.training.step_agreement import NonFiniteStep
-    from tests.rank_tasks import SIGNALS
+    from tests.rank_tasks import SIGNALS, met_stop_check
 
     rank = torch.distributed.get_rank()
     c = tiny_config(out, **overrides)
@@ -229,10 +229,13 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
                 found = left_behind(before, trainer_state(trainer))
                 if found:
                     changed[trainer.pos.step] = found
+            if met_stop_check(trainer):
+                met.append(trainer.pos.step)
             if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
                 os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
             return signum
 
+        met: list[int] = []
         trainer.micro_loss, trainer.train_step = faulty, step_checked
         stopped_at = None
         try:
@@ -249,6 +252,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
         "skipped": result["skipped_steps"],
         "skipped_steps": skipped,
         "nonfinite_stop": stopped_at,
+        "met": met,
         "changed": changed,
         "weights": trainer.parallel.model_state_dict(),  # (FSDP: the full state on rank 0)
         "optimizer": trainer.parallel.optimizer_state_dict(trainer.optimizer),

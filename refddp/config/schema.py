@@ -303,6 +303,16 @@ class TrainConfig:
         resume=APPLIED,
         at_least=0,
     )
+    stop_check_s: float = _opt(
+        0.1,
+        "seconds of training between the ranks' checks for a stop signal (SIGTERM, SIGINT, "
+        "SIGUSR1) on steps that do not meet anyway (a per-sample loss, no loss to log): every "
+        "rank stops together at the first check, evaluation or checkpoint after any rank "
+        "received one; 0: every step (one small all-reduce a step)",
+        resume=APPLIED,
+        at_least=0,
+        unit=" seconds",
+    )
     profile: str = _opt(
         "",
         "START:END: a torch.profiler trace of training steps START to END (inclusive) per "

@@ -14,7 +14,8 @@ from typing import Any
 
 class StopRequest:
     """SIGTERM/SIGINT/SIGUSR1 set a flag; ranks agree on it where they next meet (the step's
-    agreement, the evaluation's all-reduce, the end of a save) and stop together with a
+    agreement where a step meets, at least every ``--stop-check-s``; the settle before an
+    evaluation or a save, the end of a save) and stop together with a
     checkpoint. Where ranks received different signals, the first in ``SIGNALS`` names the
     stop (on every rank alike)."""
 

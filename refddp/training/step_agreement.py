@@ -1,17 +1,22 @@
-"""What every rank must agree on each step, in one small all-reduce written where it happens.
+"""What the ranks must agree on each step, in one small all-reduce written where it happens,
+made only on the steps that need it.
 
-Each step every rank sums ``[targets, loss sum of the step before, one flag per stop signal]``
-over all ranks with one ``dist.all_reduce(async_op=True)``, started as soon as the step's
-micro-batches are fetched, so it is in flight while the first forward runs:
+A step that meets sums ``[targets, loss sum of the step before, one flag per stop signal,
+microseconds since the ranks last met]`` over all ranks with one
+``dist.all_reduce(async_op=True)``, started as soon as the step's micro-batches are fetched, so
+it is in flight while the first forward runs:
 
 - the step's **global target count**, the loss's normaliser: each rank counts its micro-batches'
-  targets before any forward (``Objective.count``), and the first backward waits for the sum
-  (a per-sample loss knows it already: the global batch, and waits only at the step's end);
+  targets before any forward (``Objective.count``), and the first backward waits for the sum.
+  A per-sample loss knows it already (the global batch): its steps need not meet for it;
+- the **loss sum of the step before**, for the trackers' per-step curve (``LateLoss``: a step
+  late, since the loss is only known after the forward, when the all-reduce is long under way),
+  on the steps after a logged one;
 - a **stop signal** (SIGTERM, SIGINT, SIGUSR1, which SLURM sends before a time limit with
   ``--signal=USR1@SECONDS``) received on any rank before the step started: every rank reads the
-  sum at the same step's end and stops there, together;
-- the **loss sum of the step before**, for the trackers' per-step curve (``LateLoss``: a step
-  late, since the loss is only known after the forward, when the all-reduce is long under way).
+  sum at the same step's end and stops there, together. Where no step needs to meet for the
+  two reasons above, the ranks still meet for this every ``stop_check_s`` seconds of training
+  (``StopCheck``), so a signal is honoured within that time or one step, whichever is longer.
 
 Whether a step is applied is decided without this all-reduce: from the gradient's norm after
 DDP's all-reduce, the same on every rank (``refddp/training/skips.py``).
@@ -24,6 +29,7 @@ late stop signal are then agreed too.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, NamedTuple
 
 import torch
@@ -56,16 +62,62 @@ class Agreed(NamedTuple):
     grad_norm: float = math.nan
 
 
+class StopCheck:
+    """How often the ranks meet only to agree on a stop signal: every ``every_s`` seconds of
+    training (0: every step), as a number of steps that every rank derives alike.
+
+    Each meeting carries each rank's time since the last one in whole microseconds; their sum
+    is exact in float64 (below 2**53), so every rank reads the same sum and computes the same
+    next interval from it, and the ranks skip and meet on the same steps. The first two steps
+    after a start meet (the second measures a step); an interval never exceeds ``MAX_STEPS``."""
+
+    MAX_STEPS = 1000
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.every = 1  # meet on every this-many-th step
+        self.quiet = 0  # steps since the ranks last met that did not meet
+        self.timed = 0  # steps begun since this rank's last vote
+        self.covered = 0  # steps the last vote's time covers
+        self.voted_at = time.perf_counter()
+
+    def skips(self) -> bool:
+        """Whether the step beginning now goes without meeting (call once a step)."""
+        if self.quiet + 1 >= self.every:
+            return False
+        self.quiet += 1
+        self.timed += 1
+        return True
+
+    def vote(self, at_a_step: bool) -> float:
+        """This rank's whole microseconds since its last vote, for a meeting now (``at_a_step``:
+        a step's, which begins after it; else between steps)."""
+        now = time.perf_counter()
+        elapsed, self.voted_at = now - self.voted_at, now
+        self.covered, self.timed, self.quiet = self.timed, int(at_a_step), 0
+        return float(int(elapsed * 1e6))
+
+    def met(self, summed_us: float, world_size: int) -> None:
+        """The meeting's votes came back summed: the next interval, from the mean time of the
+        steps the votes covered (as many on every rank)."""
+        if self.covered and self.every_s:
+            step_us = max(summed_us / world_size / self.covered, 1.0)
+            self.every = max(1, min(self.MAX_STEPS, int(self.every_s * 1e6 / step_us)))
+
+
 class StepAgreement:
-    """One rank's side of the per-step all-reduce: ``send`` starts it, ``targets`` waits for
-    the count (on the device), ``read`` waits and reads it all on the host.
+    """One rank's side of the per-step all-reduce: ``send`` starts it where the step meets,
+    ``targets`` waits for the count (on the device), ``read`` waits and reads it all on the host.
 
     One process has nobody to agree with: it keeps what it was sent as it is, builds no
     tensor (at a small step, the few tensor ops cost more than the step's other overhead),
     and reads the norm and a loss to log in one host read (``_read_alone``)."""
 
-    def __init__(self, stop: StopRequest, device: torch.device, world_size: int):
+    def __init__(self, stop: StopRequest, device: torch.device, world_size: int,
+                 stop_check_s: float = 0.0):  # fmt: skip
         self.stop, self.device, self.several = stop, device, world_size > 1
+        self.world_size = world_size
+        self.check = StopCheck(stop_check_s)
         # One flag per stop signal, set for the one received: made once per state, in float64
         # like the counts (exact up to 2**53 targets a step).
         self._signal_flags = {
@@ -76,19 +128,41 @@ class StepAgreement:
         self._zero = torch.zeros(1, dtype=torch.float64, device=device)
         self._sums: torch.Tensor | None = None
         self._work: Any = None
-        self._sent: tuple[int, torch.Tensor | None] = (0, None)  # one process's
+        self.met = False  # whether the step sent last met
+        self._sent: tuple[int, torch.Tensor | None, int | None] = (0, None, None)
 
-    def send(self, targets: int, previous_loss: torch.Tensor | None) -> None:
+    def send(self, targets: int, previous_loss: torch.Tensor | None,
+             known_total: int | None = None) -> None:  # fmt: skip
         """Start summing this rank's ``targets`` (this step's, counted on the host),
         ``previous_loss`` (the loss sum of the step before, to log; None if none) and its
-        stop flags over ranks."""
-        self._sent = (targets, previous_loss)
+        stop flags over ranks. ``known_total``: the global target count where every rank
+        knows it without meeting (a per-sample loss: the global batch); a step with such a
+        count and no loss to send meets only when the stop check is due (``StopCheck``)."""
+        self._sent = (targets, previous_loss, known_total)
         if not self.several:
             return
-        # A fill on the device, not a copy from the host (which would wait for the device).
+        if known_total is not None and previous_loss is None and self.check.skips():
+            self.met = False
+            return
+        self._meet(targets, previous_loss, at_a_step=True)
+
+    def settle(self, previous_loss: torch.Tensor | None) -> Agreed:
+        """Meet now, between steps (before an evaluation, a checkpoint, the end), and read:
+        ``previous_loss`` (None if none) and every rank's stop signal."""
+        self._sent = (0, previous_loss, None)
+        if self.several:
+            self._meet(0, previous_loss, at_a_step=False)
+        return self.read()
+
+    def _meet(self, targets: int, previous_loss: torch.Tensor | None, at_a_step: bool) -> None:
+        """Start the all-reduce (``at_a_step``: a step's, else a settle's)."""
+        self.met = True
+        # Fills on the device, not copies from the host (which would wait for the device).
         count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
         loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
-        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])
+        voted = self.check.vote(at_a_step)
+        since = torch.full((1,), voted, dtype=torch.float64, device=self.device)
+        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])
         self._work = dist.all_reduce(sums, async_op=True)
         self._sums = sums
 
@@ -96,7 +170,7 @@ class StepAgreement:
         if self._work is not None:
             self._work.wait()
             self._work = None
-        assert self._sums is not None, "read before send"
+        assert self._sums is not None and self.met, "read of a step that did not meet"
         return self._sums
 
     def targets(self) -> torch.Tensor:
@@ -107,21 +181,27 @@ class StepAgreement:
 
     def read(self, grad_norm: torch.Tensor | None = None) -> Agreed:
         """Everything sent, summed over ranks, on the host; with ``grad_norm`` (this rank's
-        value, the same on every rank) in the same read: one host read a step."""
+        value, the same on every rank) in the same read: one host read a step. A step that
+        did not meet reads the norm alone, with its known count and no signal."""
         if not self.several:
             return self._read_alone(grad_norm)
+        if not self.met:
+            _, _, known_total = self._sent
+            assert known_total is not None
+            norm = math.nan if grad_norm is None else float(grad_norm)
+            return Agreed(float(known_total), 0.0, 0, norm)
         sums = self._wait()
         if grad_norm is not None:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
         values = sums.tolist()
         norm = values.pop() if grad_norm is not None else math.nan
+        self.check.met(values.pop(), self.world_size)
         return decode(values)._replace(grad_norm=norm)
-
 
     def _read_alone(self, grad_norm: torch.Tensor | None) -> Agreed:
         """One process's ``read``: what it sent, as it is; the norm and a loss to log, where
         both are there, in one host read."""
-        targets, loss = self._sent
+        targets, loss, _ = self._sent
         signum = self.stop.signal or 0
         if loss is None or grad_norm is None:
             norm = math.nan if grad_norm is None else float(grad_norm)

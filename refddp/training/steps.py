@@ -8,8 +8,9 @@ around it (set-up, checkpoints, evaluation and the loop: ``trainer.py``). These 
 functions of the trainer, which ``trainer.py`` calls with itself: they read its parts as they
 stand at each step (an evaluation opens a new window, a resume restores the position). Its type
 is not named here, as ``trainer.py`` imports this module. Every rank runs the step in lock step:
-the step's one small all-reduce (``StepAgreement``), the gradient's all-reduce and a skipped
-step's collectives are reached by every rank alike.
+the step's one small all-reduce (``StepAgreement``, on the steps that need it, the same on
+every rank), the gradient's all-reduce and a skipped step's collectives are reached by every
+rank alike.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def train_step(trainer: Any, batches: Any) -> int:
     # Counted before any forward, so that the agreement below is in flight while the
     # forward runs: the loss's normaliser is the global batch's target count.
     targets = host_target_count(trainer, micro_batches)
-    # One small all-reduce a step: the global target count, the stop signals, the last
-    # step's loss for the trackers (refddp/training/step_agreement.py).
-    trainer.agreement.send(targets, trainer.late_loss.to_send())
+    # One small all-reduce on the steps that need it: the global target count (unless the
+    # loss counts samples: then it is the global batch), the last step's loss for the
+    # trackers, and every stop_check_s the stop signals (refddp/training/step_agreement.py).
+    known = trainer.global_batch if trainer.objective.counts_samples else None
+    trainer.agreement.send(targets, trainer.late_loss.to_send(), known_total=known)
     trainer.before_step.take()  # the buffers, put back if this step is skipped
     step_loss = None
     for micro, batch in enumerate(micro_batches):

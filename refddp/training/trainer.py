@@ -110,7 +110,7 @@ class Trainer:
         self.pos = run_state.Position()
         self.stop = StopRequest()
         self.stopped_by: int | None = None  # the signal that stopped this invocation, if any
-        self.agreement = StepAgreement(self.stop, self.device, ctx.world_size)
+        self.agreement = StepAgreement(self.stop, self.device, ctx.world_size, c.stop_check_s)
         self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
         self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
         self.resumed_from = self._resume()
@@ -275,8 +275,7 @@ class Trainer:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for
         the trackers) and a stop signal received since the step began. Every rank calls it at
         the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
-        self.agreement.send(0, self.late_loss.to_send())
-        agreed = self.agreement.read()
+        agreed = self.agreement.settle(self.late_loss.to_send())
         self.late_loss.agreed(agreed.previous_loss_sum)
         return agreed.signal
 

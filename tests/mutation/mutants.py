@@ -1251,6 +1251,40 @@ MUTANTS = (
          "_step[3]",),
     ),
     Mutant(
+        "agreement-every-step", "the agreement only on the steps that need it", AGREEMENT,
+        "if known_total is not None and previous_loss is None and self.check.skips():",
+        "if False:",
+        (f"{T_SCENARIOS}::test_steps_that_need_no_agreement_skip_it_and_a_signal_waits_for_the"
+         "_next_check",),
+    ),
+    Mutant(
+        "stop-check-never-due", "a stop signal is agreed at least every stop_check_s", AGREEMENT,
+        "        if self.quiet + 1 >= self.every:\n            return False\n",
+        "",
+        ("tests/training/test_step_agreement.py::test_the_stop_check_meets_once_every_stop_check"
+         "_s_of_training",
+         f"{T_SCENARIOS}::test_a_signal_on_one_rank_mid_epoch_stops_every_rank_at_the_next"
+         "_step[3]"),
+    ),
+    Mutant(
+        "stop-check-interval-ignores-time", "the stop check is due every stop_check_s", AGREEMENT,
+        "self.every = max(1, min(self.MAX_STEPS, int(self.every_s * 1e6 / step_us)))",
+        "self.every = self.MAX_STEPS",
+        ("tests/training/test_step_agreement.py::test_the_stop_check_meets_once_every_stop_check"
+         "_s_of_training",),
+    ),
+    Mutant(
+        "stop-check-votes-this-ranks-time", "ranks at different paces meet on the same steps",
+        AGREEMENT,
+        "        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])\n"
+        "        self._work = dist.all_reduce(sums, async_op=True)\n",
+        "        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal]])\n"
+        "        dist.all_reduce(sums)\n"
+        "        sums = torch.cat([sums, since * self.world_size])\n",
+        ("tests/training/test_agreement_across_ranks.py::test_ranks_at_different_paces_meet_on"
+         "_the_same_steps_and_read_a_signal_together",),
+    ),
+    Mutant(
         "sigusr1-no-stop-signal", "SLURM's time-limit signal stops every rank with a checkpoint",
         "refddp/launch/stop_signals.py", "SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)",
         "SIGNALS = (signal.SIGTERM, signal.SIGINT)",
@@ -1381,6 +1415,15 @@ MUTANTS = (
         "return torch.stack([torch.linalg.vector_norm(g) for g in grads]).sum()",
         ("tests/training/test_total_norm.py::test_the_total_norm_is_clippings_with_or_without"
          "_get_total_norm",),
+    ),
+    Mutant(
+        "cpu-norm-through-get-total-norm", "the skip's norm on the CPU, at half the cost",
+        PARALLEL, "if get_total_norm is not None and not on_the_cpu:",
+        "if get_total_norm is not None:",
+        ("tests/training/test_total_norm.py::test_on_the_cpu_the_norm_of_norms_has_get_total"
+         "_norms_bits",),
+        equivalent="get_total_norm gives the same bits on the CPU (the test proves it), only "
+        "slower: the saving is speed, measured in benchmarks/README.md, which no test can time",
     ),
     Mutant(
         "async-wait-untraced",

@@ -98,7 +98,8 @@ def test_sigterm_to_one_fsdp_rank_stops_every_rank_at_the_same_step_and_resumes_
     flags = dict(strategy="fsdp", ckpt_format="dcp")
     straight = spawn(fit_full_weights, str(tmp_path / "straight"), **flags)[0]
     out = str(tmp_path / "run")
-    stopped = spawn(fit_signalled_after_step, out, 5, 1, **flags)  # rank 1 alone, after step 5
+    # Rank 1 alone, after step 5; the stop checked every step.
+    stopped = spawn(fit_signalled_after_step, out, 5, 1, stop_check_s=0, **flags)
     assert [(r["step"], r["stopped_by"]) for r in stopped] == [(6, signal.SIGTERM)] * 2
     resumed = spawn(fit_full_weights, out, **flags)[0]
     assert resumed["step"] == straight["step"] == 24

@@ -5,9 +5,11 @@ import math
 import signal
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refddp.launch.stop_signals import StopRequest
-from refddp.training.step_agreement import StepAgreement, decode
+from refddp.training.step_agreement import StepAgreement, StopCheck, decode
 
 
 def test_one_process_reads_back_its_count_last_loss_and_stop_signal():
@@ -40,3 +42,22 @@ def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins()
     assert decode([3.0, 1.0, *[1.0] * len(StopRequest.SIGNALS)]).signal == StopRequest.SIGNALS[0]
     assert decode([3.0, 1.0, 0.0, 2.0, 1.0]).signal == StopRequest.SIGNALS[1]
     assert decode([3.0, 1.0, 0.0, 0.0, 0.0]).signal == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(world=st.integers(1, 1024), step_us=st.integers(1, 10**8),
+       every_s=st.sampled_from([0.0, 1e-4, 0.05, 0.1, 60.0]))  # fmt: skip
+def test_the_stop_check_meets_once_every_stop_check_s_of_training(world, step_us, every_s):
+    check = StopCheck(every_s)
+    check.vote(at_a_step=True)  # the first step meets
+    check.vote(at_a_step=True)  # and the second, whose vote covers the first: step_us a rank
+    check.met(float(world * step_us), world)
+    assert 1 <= check.every <= StopCheck.MAX_STEPS
+    interval_s = check.every * step_us / 1e6
+    if check.every > 1:
+        assert interval_s <= every_s, "no longer apart than stop_check_s"
+    if check.every < StopCheck.MAX_STEPS:
+        assert interval_s + step_us / 1e6 > every_s, "and no closer than a step short of it"
+    # The steps after the meeting's: the every-th after it meets, none before.
+    meets = [not check.skips() for _ in range(check.every)]
+    assert meets == [False] * (check.every - 1) + [True]

@@ -104,6 +104,9 @@ def scenarios(draw) -> dict:
             optimizer=draw(st.sampled_from(["sgd", "adamw"])),
             lr=0.05,
             on_nonfinite=on_nonfinite,
+            # Every step, every check a step or more apart as timing says, or none but the
+            # first: where a signal stops the run is then only known from the steps that met.
+            stop_check_s=draw(st.sampled_from([0.0, 0.05, 60.0])),
         ),
         "total": total,
         "steps_per_epoch": steps_per_epoch,
@@ -120,6 +123,16 @@ def ends_in_a_settle(step: int, s: dict) -> bool:
         or bool(job["eval_every"] and step % job["eval_every"] == 0)
         or bool(job["ckpt_every"] and step % job["ckpt_every"] == 0)
     )
+
+
+def first_stop_check(at: int, s: dict, met: list[int]) -> int:
+    """The step at which a signal sent after step ``at`` stops the run: at once where ``at``
+    ends in a settle, else at the first later step whose agreement met (``met``) or that ends
+    in a settle."""
+    if ends_in_a_settle(at, s):
+        return at
+    return next(step for step in range(at + 1, s["total"] + 1)
+                if step in met or ends_in_a_settle(step, s))  # fmt: skip
 
 
 def exact_against_one_process(s: dict) -> bool:
@@ -180,8 +193,7 @@ def test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_tr
             assert faulty <= skipped | {stops_at}
             return
         if s["signalled"]:
-            at = s["signalled"][1]
-            expected = at if ends_in_a_settle(at, s) else at + 1
+            expected = first_stop_check(s["signalled"][1], s, run[0]["met"])
             assert (run[0]["step"], run[0]["stopped_by"]) == (
                 expected, SIGNALS[s["signalled"][2]]
             )  # fmt: skip
@@ -219,8 +231,22 @@ def test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_tr
 @pytest.mark.parametrize("world_size", [3])
 def test_a_signal_on_one_rank_mid_epoch_stops_every_rank_at_the_next_step(spawn, tmp_path,
                                                                           world_size):  # fmt: skip
-    # An example the generator may or may not draw: rank 2 signalled after step 3 of 12.
+    # An example the generator may or may not draw: rank 2 signalled after step 3 of 12, the
+    # stop checked every step.
     found = spawn(run_scenario, str(tmp_path), {}, (2, 3, "SIGUSR1"), world_size=world_size,
-                  global_batch_size=6, train_size=72, epochs=1)  # fmt: skip
+                  global_batch_size=6, train_size=72, epochs=1, stop_check_s=0)  # fmt: skip
     assert_in_step(found)
     assert (found[0]["step"], found[0]["stopped_by"]) == (4, signal.SIGUSR1)
+    assert found[0]["met"] == list(range(1, 5)), "every step met"
+
+
+def test_steps_that_need_no_agreement_skip_it_and_a_signal_waits_for_the_next_check(spawn,
+                                                                                   tmp_path):  # fmt: skip
+    # A per-sample loss, nothing logged per step, a check every 60 s: after the first two
+    # steps (the second measures how long a step takes) no step meets until the evaluation at
+    # the end, where a signal sent after step 3 stops every rank.
+    found = spawn(run_scenario, str(tmp_path), {}, (1, 3, "SIGTERM"), world_size=2,
+                  global_batch_size=4, train_size=48, epochs=1, stop_check_s=60)  # fmt: skip
+    assert_in_step(found)
+    assert found[0]["met"] == [1, 2]
+    assert (found[0]["step"], found[0]["stopped_by"]) == (12, signal.SIGTERM)

@@ -1,9 +1,12 @@
 """``refddp.training.parallel.total_norm``: the gradient's norm that decides whether a step is applied,
 computed as ``clip_grad_norm_`` computes it, on a torch with ``nn.utils.get_total_norm`` and on
-one without (torch < 2.6), where a norm of the per-tensor norms stands in."""
+one without (torch < 2.6), where a norm of the per-tensor norms stands in; on the CPU that norm
+of norms is used always, and gives get_total_norm's bits."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from refddp.training import parallel
@@ -24,3 +27,23 @@ def test_the_total_norm_is_clippings_with_or_without_get_total_norm(
     grads[1][0] = float("nan")
     assert torch.isnan(parallel.total_norm(grads))
     assert parallel.total_norm([]).item() == 0.0
+
+
+SPECIAL = st.sampled_from([0.0, 1e-30, 1e30, float("inf"), float("-inf"), float("nan")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+       sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=40), seed=st.integers(0, 2**16),
+       special=st.none() | st.tuples(st.integers(0, 39), SPECIAL))  # fmt: skip
+def test_on_the_cpu_the_norm_of_norms_has_get_total_norms_bits(dtype, sizes, seed, special):
+    if not hasattr(nn.utils, "get_total_norm"):
+        pytest.skip("torch < 2.6 has no get_total_norm to compare with")
+    generator = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(n, generator=generator).to(dtype) for n in sizes]
+    if special is not None:
+        at, value = special
+        grads[at % len(grads)][0] = value
+    ours, torchs = parallel.total_norm(grads), nn.utils.get_total_norm(grads)
+    assert ours.dtype == torchs.dtype
+    assert torch.equal(ours, torchs) or (ours.isnan() and torchs.isnan()), (ours, torchs)

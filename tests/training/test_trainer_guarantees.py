@@ -196,18 +196,20 @@ def test_gradient_clipping_bounds_the_true_gradient_under_amp(spawn, tmp_path, a
 
 
 @pytest.mark.parametrize("grad_accum", [1, 3])
+@pytest.mark.parametrize(("stop_check_s", "agreements"), [(0, 1), (60, 0)])
 def test_gradients_are_all_reduced_once_per_optimizer_step_whatever_the_accumulation(
-    spawn, tmp_path, grad_accum
+    spawn, tmp_path, grad_accum, stop_check_s, agreements
 ):
-    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward, and the step's
-    # agreement (target count, stop signals, the last step's loss) is one more. Syncing every
+    # The tiny MLP fits in one DDP bucket: one all-reduce per synced backward. Syncing every
     # micro-batch would give the same weights (the mean of means): only the count shows it.
-    # (DDP rebuilds its buckets once, at the second step's forward, with two broadcasts.)
-    counted = spawn(
-        count_step_collectives, str(tmp_path), grad_accum=grad_accum, max_steps=5, epochs=2
-    )
+    # (DDP rebuilds its buckets once, at the second step's forward, with two broadcasts.) The
+    # step's agreement is one more where the stop is checked every step; a per-sample loss with
+    # nothing to log and a check every 60 s needs none after the first step.
+    counted = spawn(count_step_collectives, str(tmp_path), grad_accum=grad_accum, max_steps=5,
+                    epochs=2, stop_check_s=stop_check_s)  # fmt: skip
     for rank in counted:
-        assert rank["steps"] == 5 and rank["collectives"][2:] == [2, 2, 2], counted
+        assert rank["steps"] == 5
+        assert rank["collectives"][2:] == [1 + agreements] * 3, counted
 
 
 @pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
