@@ -398,7 +398,7 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
 
         def step_then_signal(batches):
             signum = train_step(batches)
-            if met_stop_check(trainer):
+            if step_met(trainer):
                 met.append(trainer.pos.step)
             if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
                 os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
@@ -418,10 +418,10 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
     }
 
 
-def met_stop_check(trainer: Trainer) -> bool:
+def step_met(trainer: Trainer) -> bool:
     """Whether the step just run could have stopped: its agreement met (one process reads
     its own signal every step)."""
-    return not trainer.several or trainer.agreement.met
+    return not trainer.several or trainer.agreement.step_met
 
 
 def assert_in_step(ranks: list[dict]) -> None:

@@ -144,6 +144,17 @@ def datasets_missing_on_rank_1(config):
     return synthetic(config)
 
 
+def ignored_labels_on_rank_1(config):
+    """A data pipeline that differs by rank: rank 1's training labels include -100 (ignored),
+    so its loss counts scored targets, while rank 0's counts one target a sample."""
+    train, val = synthetic(config)
+    if dist.is_initialized() and dist.get_rank() == 1:
+        y = train.y.clone()
+        y[::7] = -100
+        train = TensorPairDataset(train.x, y)
+    return train, val
+
+
 class SlowValDataset(WrappedDataset):
     """While ``$REFDDP_TEST_SLOW_EVAL`` names a directory, each item takes 50 ms and the first
     one served leaves ``evaluating`` there: an evaluation long enough to be signalled during."""

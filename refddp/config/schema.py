@@ -299,7 +299,8 @@ class TrainConfig:
     log_every: int = _opt(
         10,
         "steps between training-loss and learning-rate points sent to tensorboard/wandb (the "
-        "loss rides the next step's agreement: no collective of its own); 0: evaluations only",
+        "loss rides the next step's small all-reduce, read with the step's norm); 0: "
+        "evaluations only",
         resume=APPLIED,
         at_least=0,
     )

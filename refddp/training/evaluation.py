@@ -40,7 +40,9 @@ def autocast(c: TrainConfig, device: torch.device) -> Any:
 def agreed_objective(c: TrainConfig, model: nn.Module, dataset: Any, ctx: DistContext) -> Objective:
     """The run's objective, checked on a first batch on every rank; a problem any rank finds
     (a model output without a loss, targets of the wrong shape...) stops every rank, with the
-    same one line, before any step."""
+    same one line, before any step. So do ranks whose first batches make objectives that count
+    differently: whether a step must agree on its target count (``counts_samples``) decides
+    whether it meets in the step's all-reduce, which every rank must decide alike."""
     device = torch.device(ctx.device)
     problem, objective = None, None
     try:
@@ -48,9 +50,17 @@ def agreed_objective(c: TrainConfig, model: nn.Module, dataset: Any, ctx: DistCo
     except ConfigError as exc:
         problem = str(exc)
     if ctx.world_size > 1:
-        problems: list[str | None] = [None] * ctx.world_size
-        dist.all_gather_object(problems, problem)
-        problem = next((p for p in problems if p), None)
+        mine = (problem, None if objective is None else objective.counts_samples)
+        found: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(found, mine)
+        problem = next((p for p, _ in found if p), None)
+        per_sample = [rank for rank, (_, counts) in enumerate(found) if counts]
+        if problem is None and 0 < len(per_sample) < ctx.world_size:
+            problem = (
+                f"loss: the ranks' first batches make different objectives: rank(s) "
+                f"{per_sample} count one target a sample, the others count scored targets "
+                "(padding, -100 labels or a loss of (sum, count)); give every rank data of one kind"
+            )
     if problem is not None or objective is None:
         raise ConfigError(problem or "loss: the objective could not be built")
     return objective

@@ -167,14 +167,16 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of all ``grads`` together, as ``clip_grad_norm_`` computes it, without
     clipping: the norm of the per-tensor norms.
 
-    ``nn.utils.get_total_norm`` (torch >= 2.6) groups the tensors by device and dtype for its
-    foreach kernels, which pays on a GPU. On the CPU those kernels loop over the same
-    per-tensor norm, so a norm per tensor gives the same bits in about half the time, at any
-    number of tensors (benchmarks/README.md): it is used there, and before torch 2.6."""
+    ``nn.utils.get_total_norm`` (torch >= 2.6) first groups the tensors by device and dtype,
+    for the foreach kernels a GPU has. The CPU has none: there it computes the same per-tensor
+    norms, so for plain CPU tensors of one dtype (the grouping keeps their order) the norm of
+    norms computed here gives its bits at about half its cost (benchmarks/README.md). It is
+    also the only way before torch 2.6."""
     get_total_norm = getattr(nn.utils, "get_total_norm", None)
-    # (Plain tensors: a DTensor's shards, FSDP's, are get_total_norm's wherever they are.)
-    on_the_cpu = all(type(g) is torch.Tensor and g.is_cpu for g in grads)
-    if get_total_norm is not None and not on_the_cpu:
+    # (Not a DTensor's shards, FSDP's, nor mixed dtypes, which get_total_norm reorders.)
+    one_cpu_kind = all(type(g) is torch.Tensor and g.is_cpu and g.dtype == grads[0].dtype
+                       for g in grads)  # fmt: skip
+    if get_total_norm is not None and not one_cpu_kind:
         return get_total_norm(grads)
     if not grads:
         return torch.zeros(())

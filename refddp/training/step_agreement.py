@@ -15,15 +15,15 @@ it is in flight while the first forward runs:
 - a **stop signal** (SIGTERM, SIGINT, SIGUSR1, which SLURM sends before a time limit with
   ``--signal=USR1@SECONDS``) received on any rank before the step started: every rank reads the
   sum at the same step's end and stops there, together. Where no step needs to meet for the
-  two reasons above, the ranks still meet for this every ``stop_check_s`` seconds of training
-  (``StopCheck``), so a signal is honoured within that time or one step, whichever is longer.
+  two reasons above, the ranks still meet for this about every ``stop_check_s`` seconds
+  (``StopCheck``: as many steps as took that long at the last interval's pace).
 
 Whether a step is applied is decided without this all-reduce: from the gradient's norm after
 DDP's all-reduce, the same on every rank (``refddp/training/skips.py``).
 
-Before anything a step leaves behind (an evaluation, a checkpoint, the end) the trainer calls
-``send(0, ...)`` once more and reads at once (``Trainer.settle``): the last step's loss and a
-late stop signal are then agreed too.
+Before anything a step leaves behind (an evaluation, a checkpoint, the end) the ranks meet once
+more and read at once (``StepAgreement.settle``, from ``Trainer.settle``): the last step's loss
+and a late stop signal are then agreed too.
 """
 
 from __future__ import annotations
@@ -63,45 +63,51 @@ class Agreed(NamedTuple):
 
 
 class StopCheck:
-    """How often the ranks meet only to agree on a stop signal: every ``every_s`` seconds of
-    training (0: every step), as a number of steps that every rank derives alike.
+    """How often the ranks meet only to agree on a stop signal: every ``every_s`` seconds (0:
+    every step), as a number of steps that every rank derives alike from the last interval's
+    pace.
 
-    Each meeting carries each rank's time since the last one in whole microseconds; their sum
+    Each meeting carries each rank's time since its last one in whole microseconds; their sum
     is exact in float64 (below 2**53), so every rank reads the same sum and computes the same
-    next interval from it, and the ranks skip and meet on the same steps. The first two steps
-    after a start meet (the second measures a step); an interval never exceeds ``MAX_STEPS``."""
+    next interval from it (``next_interval``), and the ranks skip and meet on the same steps.
+    The first two steps after a start meet (the second measures a step); an interval never
+    exceeds ``MAX_STEPS``. The time counted is wall time, an evaluation or a checkpoint
+    included, which only makes the next interval shorter; steps that slow down after a meeting
+    make the wait for the next longer than ``every_s``, by as much as they slowed."""
 
     MAX_STEPS = 1000
 
     def __init__(self, every_s: float):
         self.every_s = every_s
         self.every = 1  # meet on every this-many-th step
-        self.quiet = 0  # steps since the ranks last met that did not meet
-        self.timed = 0  # steps begun since this rank's last vote
-        self.covered = 0  # steps the last vote's time covers
+        self.skipped_since_meeting = 0  # steps since the ranks last met that did not meet
+        self.steps_since_vote = 0  # steps begun since this rank's last vote
+        self.steps_in_last_vote = 0  # the steps the last vote's time covers
         self.voted_at = time.perf_counter()
 
-    def skips(self) -> bool:
-        """Whether the step beginning now goes without meeting (call once a step)."""
-        if self.quiet + 1 >= self.every:
+    def skip_this_step(self) -> bool:
+        """Whether the step beginning now goes without meeting; counts it if so (call once a
+        step that need not meet for another reason)."""
+        if self.skipped_since_meeting + 1 >= self.every:
             return False
-        self.quiet += 1
-        self.timed += 1
+        self.skipped_since_meeting += 1
+        self.steps_since_vote += 1
         return True
 
-    def vote(self, at_a_step: bool) -> float:
-        """This rank's whole microseconds since its last vote, for a meeting now (``at_a_step``:
-        a step's, which begins after it; else between steps)."""
+    def elapsed_us(self, at_a_step: bool) -> float:
+        """This rank's vote for a meeting now: its whole microseconds since its last vote
+        (``at_a_step``: a step's meeting, the step beginning after it; else between steps)."""
         now = time.perf_counter()
         elapsed, self.voted_at = now - self.voted_at, now
-        self.covered, self.timed, self.quiet = self.timed, int(at_a_step), 0
+        self.steps_in_last_vote, self.steps_since_vote = self.steps_since_vote, int(at_a_step)
+        self.skipped_since_meeting = 0
         return float(int(elapsed * 1e6))
 
-    def met(self, summed_us: float, world_size: int) -> None:
+    def next_interval(self, summed_us: float, world_size: int) -> None:
         """The meeting's votes came back summed: the next interval, from the mean time of the
         steps the votes covered (as many on every rank)."""
-        if self.covered and self.every_s:
-            step_us = max(summed_us / world_size / self.covered, 1.0)
+        if self.steps_in_last_vote and self.every_s:
+            step_us = max(summed_us / world_size / self.steps_in_last_vote, 1.0)
             self.every = max(1, min(self.MAX_STEPS, int(self.every_s * 1e6 / step_us)))
 
 
@@ -114,7 +120,7 @@ class StepAgreement:
     and reads the norm and a loss to log in one host read (``_read_alone``)."""
 
     def __init__(self, stop: StopRequest, device: torch.device, world_size: int,
-                 stop_check_s: float = 0.0):  # fmt: skip
+                 stop_check_s: float):  # fmt: skip
         self.stop, self.device, self.several = stop, device, world_size > 1
         self.world_size = world_size
         self.check = StopCheck(stop_check_s)
@@ -128,7 +134,7 @@ class StepAgreement:
         self._zero = torch.zeros(1, dtype=torch.float64, device=device)
         self._sums: torch.Tensor | None = None
         self._work: Any = None
-        self.met = False  # whether the step sent last met
+        self.step_met = False  # whether the step sent last met
         self._sent: tuple[int, torch.Tensor | None, int | None] = (0, None, None)
 
     def send(self, targets: int, previous_loss: torch.Tensor | None,
@@ -141,8 +147,8 @@ class StepAgreement:
         self._sent = (targets, previous_loss, known_total)
         if not self.several:
             return
-        if known_total is not None and previous_loss is None and self.check.skips():
-            self.met = False
+        if known_total is not None and previous_loss is None and self.check.skip_this_step():
+            self.step_met = False
             return
         self._meet(targets, previous_loss, at_a_step=True)
 
@@ -156,11 +162,11 @@ class StepAgreement:
 
     def _meet(self, targets: int, previous_loss: torch.Tensor | None, at_a_step: bool) -> None:
         """Start the all-reduce (``at_a_step``: a step's, else a settle's)."""
-        self.met = True
+        self.step_met = True
         # Fills on the device, not copies from the host (which would wait for the device).
         count = torch.full((1,), float(targets), dtype=torch.float64, device=self.device)
         loss = self._zero if previous_loss is None else previous_loss.reshape(1).double()
-        voted = self.check.vote(at_a_step)
+        voted = self.check.elapsed_us(at_a_step)
         since = torch.full((1,), voted, dtype=torch.float64, device=self.device)
         sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])
         self._work = dist.all_reduce(sums, async_op=True)
@@ -170,7 +176,7 @@ class StepAgreement:
         if self._work is not None:
             self._work.wait()
             self._work = None
-        assert self._sums is not None and self.met, "read of a step that did not meet"
+        assert self._sums is not None and self.step_met, "read of a step that did not meet"
         return self._sums
 
     def targets(self) -> torch.Tensor:
@@ -185,7 +191,7 @@ class StepAgreement:
         did not meet reads the norm alone, with its known count and no signal."""
         if not self.several:
             return self._read_alone(grad_norm)
-        if not self.met:
+        if not self.step_met:
             _, _, known_total = self._sent
             assert known_total is not None
             norm = math.nan if grad_norm is None else float(grad_norm)
@@ -195,7 +201,7 @@ class StepAgreement:
             sums = torch.cat([sums, grad_norm.reshape(1).to(sums)])
         values = sums.tolist()
         norm = values.pop() if grad_norm is not None else math.nan
-        self.check.met(values.pop(), self.world_size)
+        self.check.next_interval(values.pop(), self.world_size)
         return decode(values)._replace(grad_norm=norm)
 
     def _read_alone(self, grad_norm: torch.Tensor | None) -> Agreed:

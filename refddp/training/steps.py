@@ -36,7 +36,8 @@ log = logging.getLogger("refddp")
 def train_step(trainer: Any, batches: Any) -> int:
     """One training step: forward and backward over ``grad_accum`` micro-batches, then the
     update (clip, step) unless the gradient is non-finite (then ``skip_step``).
-    Returns the stop signal any rank had received when the step began (0: none)."""
+    Returns the stop signal any rank had received when the step began, where the step met
+    (0: none, or the step did not meet: ``StopCheck``)."""
     c, window = trainer.c, trainer.window
     waited = time.perf_counter()
     micro_batches = [next(batches) for _ in range(c.grad_accum)]

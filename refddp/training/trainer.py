@@ -268,12 +268,13 @@ class Trainer:
     def train_step(self, batches: Any) -> int:
         """One training step (``refddp/training/steps.py``): forward and backward over
         ``grad_accum`` micro-batches, then the update unless the gradient is non-finite.
-        Returns the stop signal any rank had received when the step began (0: none)."""
+        Returns the stop signal any rank had received when the step began, where the step met
+        (0: none, or the step did not meet)."""
         return steps.train_step(self, batches)
 
     def settle(self) -> int:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for
-        the trackers) and a stop signal received since the step began. Every rank calls it at
+        the trackers) and a stop signal received since the ranks last met. Every rank calls it at
         the same points (an evaluation, a checkpoint, a stop); returns the signal (0: none)."""
         agreed = self.agreement.settle(self.late_loss.to_send())
         self.late_loss.agreed(agreed.previous_loss_sum)

@@ -585,7 +585,7 @@ MUTANTS = (
     ),
     Mutant(
         "objective-check-not-agreed", "bad input: every rank stops alike, no hang", EVALUATION,
-        "        problem = next((p for p in problems if p), None)\n", "",
+        "        problem = next((p for p, _ in found if p), None)\n", "",
         (f"{T_CHECKS}::test_a_problem_one_rank_alone_finds_stops_every_rank_with_its_line",),
     ),
     Mutant(
@@ -1252,14 +1252,21 @@ MUTANTS = (
     ),
     Mutant(
         "agreement-every-step", "the agreement only on the steps that need it", AGREEMENT,
-        "if known_total is not None and previous_loss is None and self.check.skips():",
+        "if known_total is not None and previous_loss is None and self.check.skip_this_step():",
         "if False:",
         (f"{T_SCENARIOS}::test_steps_that_need_no_agreement_skip_it_and_a_signal_waits_for_the"
          "_next_check",),
     ),
     Mutant(
+        "logged-loss-left-behind", "the logged loss reaches the trackers a step late", AGREEMENT,
+        "if known_total is not None and previous_loss is None and self.check.skip_this_step():",
+        "if known_total is not None and self.check.skip_this_step():",
+        (f"{T_TRACKERS}::test_the_training_loss_reaches_the_trackers_with_the_next_steps"
+         "_agreement[3]",),
+    ),
+    Mutant(
         "stop-check-never-due", "a stop signal is agreed at least every stop_check_s", AGREEMENT,
-        "        if self.quiet + 1 >= self.every:\n            return False\n",
+        "        if self.skipped_since_meeting + 1 >= self.every:\n            return False\n",
         "",
         ("tests/training/test_step_agreement.py::test_the_stop_check_meets_once_every_stop_check"
          "_s_of_training",
@@ -1418,12 +1425,24 @@ MUTANTS = (
     ),
     Mutant(
         "cpu-norm-through-get-total-norm", "the skip's norm on the CPU, at half the cost",
-        PARALLEL, "if get_total_norm is not None and not on_the_cpu:",
+        PARALLEL, "if get_total_norm is not None and not one_cpu_kind:",
         "if get_total_norm is not None:",
         ("tests/training/test_total_norm.py::test_on_the_cpu_the_norm_of_norms_has_get_total"
          "_norms_bits",),
         equivalent="get_total_norm gives the same bits on the CPU (the test proves it), only "
         "slower: the saving is speed, measured in benchmarks/README.md, which no test can time",
+    ),
+    Mutant(
+        "cpu-norm-of-mixed-dtypes", "the skip's norm on the CPU has get_total_norm's bits",
+        PARALLEL, "g.is_cpu and g.dtype == grads[0].dtype", "g.is_cpu",
+        ("tests/training/test_total_norm.py::test_on_the_cpu_the_norm_of_norms_has_get_total"
+         "_norms_bits",),
+    ),
+    Mutant(
+        "objectives-not-compared-across-ranks", "ranks whose losses count differently stop",
+        EVALUATION, "if problem is None and 0 < len(per_sample) < ctx.world_size:", "if False:",
+        ("tests/workload/test_objective_checks.py::test_ranks_whose_losses_count_differently"
+         "_stop_before_any_step",),
     ),
     Mutant(
         "async-wait-untraced",

@@ -21,7 +21,7 @@ def agree_once() -> tuple:
     stop = StopRequest()
     rank = dist.get_rank()
     stop.signal = (signal.SIGUSR1, None, signal.SIGTERM)[rank]
-    agreement = StepAgreement(stop, torch.device("cpu"), dist.get_world_size())
+    agreement = StepAgreement(stop, torch.device("cpu"), dist.get_world_size(), stop_check_s=0)
     agreement.send(BIG, torch.tensor(0.5 * (rank + 1)))
     count = agreement.targets().item()
     return count, tuple(agreement.read(torch.tensor(2.0)))
@@ -52,9 +52,9 @@ def steps_at_own_pace(paces: list[list[float]], signalled_after: int) -> tuple:
         time.sleep(pace)
         read = agreement.read(torch.tensor(1.0))
         everyones = [torch.zeros(1) for _ in range(world)]
-        dist.all_gather(everyones, torch.tensor([float(agreement.met)]))
+        dist.all_gather(everyones, torch.tensor([float(agreement.step_met)]))
         assert len({float(m) for m in everyones}) == 1, f"step {step}: met on some ranks only"
-        met += [step] if agreement.met else []
+        met += [step] if agreement.step_met else []
         signals.append(read.signal)
         if rank == 0 and step == signalled_after:
             stop.signal = signal.SIGUSR1

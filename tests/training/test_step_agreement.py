@@ -14,7 +14,7 @@ from refddp.training.step_agreement import StepAgreement, StopCheck, decode
 
 def test_one_process_reads_back_its_count_last_loss_and_stop_signal():
     stop = StopRequest()
-    agreement = StepAgreement(stop, torch.device("cpu"), world_size=1)
+    agreement = StepAgreement(stop, torch.device("cpu"), world_size=1, stop_check_s=0)
     agreement.send(7, None)
     assert agreement.targets().dtype == torch.float64 and agreement.targets().item() == 7
     assert agreement.read() == (7.0, 0.0, 0, agreement.read().grad_norm)
@@ -26,7 +26,7 @@ def test_one_process_reads_back_its_count_last_loss_and_stop_signal():
 
 
 def test_a_count_past_float32s_integers_comes_back_exact():
-    agreement = StepAgreement(StopRequest(), torch.device("cpu"), world_size=1)
+    agreement = StepAgreement(StopRequest(), torch.device("cpu"), world_size=1, stop_check_s=0)
     big = 2**24 + 1  # float32 would round it to 2**24
     agreement.send(big, None)
     assert agreement.read().targets == big
@@ -49,9 +49,9 @@ def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins()
        every_s=st.sampled_from([0.0, 1e-4, 0.05, 0.1, 60.0]))  # fmt: skip
 def test_the_stop_check_meets_once_every_stop_check_s_of_training(world, step_us, every_s):
     check = StopCheck(every_s)
-    check.vote(at_a_step=True)  # the first step meets
-    check.vote(at_a_step=True)  # and the second, whose vote covers the first: step_us a rank
-    check.met(float(world * step_us), world)
+    check.elapsed_us(at_a_step=True)  # the first step meets
+    check.elapsed_us(at_a_step=True)  # and the second, whose vote covers the first: step_us a rank
+    check.next_interval(float(world * step_us), world)
     assert 1 <= check.every <= StopCheck.MAX_STEPS
     interval_s = check.every * step_us / 1e6
     if check.every > 1:
@@ -59,5 +59,5 @@ def test_the_stop_check_meets_once_every_stop_check_s_of_training(world, step_us
     if check.every < StopCheck.MAX_STEPS:
         assert interval_s + step_us / 1e6 > every_s, "and no closer than a step short of it"
     # The steps after the meeting's: the every-th after it meets, none before.
-    meets = [not check.skips() for _ in range(check.every)]
+    meets = [not check.skip_this_step() for _ in range(check.every)]
     assert meets == [False] * (check.every - 1) + [True]

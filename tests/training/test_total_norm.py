@@ -32,15 +32,22 @@ def test_the_total_norm_is_clippings_with_or_without_get_total_norm(
 SPECIAL = st.sampled_from([0.0, 1e-30, 1e30, float("inf"), float("-inf"), float("nan")])
 
 
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
 @settings(max_examples=150, deadline=None)
-@given(dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
-       sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=40), seed=st.integers(0, 2**16),
-       special=st.none() | st.tuples(st.integers(0, 39), SPECIAL))  # fmt: skip
-def test_on_the_cpu_the_norm_of_norms_has_get_total_norms_bits(dtype, sizes, seed, special):
+@given(dtype=st.sampled_from(DTYPES), sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
+       mixed=st.none() | st.lists(st.sampled_from(DTYPES), min_size=40, max_size=40),
+       seed=st.integers(0, 2**16), special=st.none() | st.tuples(st.integers(0, 39), SPECIAL))  # fmt: skip
+def test_on_the_cpu_the_norm_of_norms_has_get_total_norms_bits(dtype, sizes, mixed, seed,
+                                                               special):  # fmt: skip
+    # One dtype (a model's usual gradients), or a dtype per tensor (get_total_norm groups
+    # them by dtype, which reorders the norms: those go through it).
     if not hasattr(nn.utils, "get_total_norm"):
         pytest.skip("torch < 2.6 has no get_total_norm to compare with")
     generator = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(n, generator=generator).to(dtype) for n in sizes]
+    dtypes = mixed or [dtype] * len(sizes)
+    grads = [torch.randn(n, generator=generator).to(dtypes[i]) for i, n in enumerate(sizes)]
     if special is not None:
         at, value = special
         grads[at % len(grads)][0] = value

@@ -104,10 +104,13 @@ def test_the_training_loss_reaches_the_trackers_with_the_next_steps_agreement(
 ):
     # log_every 3 logs step 3 at step 4's agreement; 4 logs steps that end an evaluation
     # window (6 does not divide 4: 12 and 24 do), agreed by the settle before the evaluation.
+    # No stop check after the first two steps: step 4 meets for step 3's loss alone.
     found = spawn(fit_with_recording_tracker, str(tmp_path / str(log_every)),
-                  log_every=log_every, eval_every=6)  # fmt: skip
+                  log_every=log_every, eval_every=6, stop_check_s=3600)  # fmt: skip
     rank0, rank1 = found
     assert [step for step, _ in rank0["points"]] == list(range(log_every, 25, log_every))
+    losses = [scalars["train/loss"] for _, scalars in rank0["points"]]
+    assert all(0 < loss < 10 for loss in losses), f"every rank's loss summed, read back: {losses}"
     assert rank1["points"] == rank1["records"] == [], "the other ranks hold no tracker"
     assert [r["step"] for r in rank0["records"]] == [6, 12, 18, 24]
     events = rank0["events"]

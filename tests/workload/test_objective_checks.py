@@ -55,6 +55,18 @@ def test_a_problem_one_rank_alone_finds_stops_every_rank_with_its_line(spawn, tm
         assert "ConfigError: loss: cross_entropy needs the batch's targets" in text
 
 
+def test_ranks_whose_losses_count_differently_stop_before_any_step(spawn, tmp_path):
+    # Whether a step must agree on its target count decides whether it meets in the step's
+    # all-reduce: rank 0 (one target a sample) would skip meetings rank 1 (-100 labels) makes.
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), timeout=60, data="tests.user_code:ignored_labels_on_rank_1")
+    assert set(info.value.failures) == {0, 1}
+    for text in info.value.failures.values():
+        assert ("ConfigError: loss: the ranks' first batches make different objectives: rank(s) "
+                "[0] count one target a sample") in text
+    assert not (tmp_path / "checkpoints").exists()  # no step was taken
+
+
 def test_bad_objective_input_through_the_cli_exits_2_with_one_line(run_cli):
     flags = {k: v for k, v in TOKEN_RUN.items() if k != "global_batch_size"}
     flags.update(model="tests.sequence_code:loss_free_lm", loss="model")

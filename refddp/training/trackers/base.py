@@ -5,8 +5,8 @@ fan-out on every rank; on the others it holds no tracker). What a tracker receiv
 
 - ``log(step, scalars)``: the training loss (the global mean over the step's targets) and the
   learning rate, every ``--log-every`` steps. The loss rides the next step's agreement
-  (``refddp/training/step_agreement.py``) and is read with it: no collective or host read of
-  its own.
+  (``refddp/training/step_agreement.py``) and is read with it: no host read of its own (that
+  step meets for it where, with a per-sample loss, it would not otherwise).
 - ``record(record)``: one evaluation's history record (validation metrics, the window's mean
   training loss, throughput, data wait, memory, stragglers, skipped steps so far), as
   ``history.jsonl`` holds it.
