@@ -398,10 +398,7 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
 
         def step_then_signal(batches):
             signum = train_step(batches)
-            if step_met(trainer):
-                met.append(trainer.pos.step)
-            if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
-                os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
+            after_the_step(trainer, rank, signalled, met)
             return signum
 
         met: list[int] = []
@@ -418,10 +415,14 @@ def run_scenario(out: str, faults: dict, signalled: tuple | None, **overrides) -
     }
 
 
-def step_met(trainer: Trainer) -> bool:
-    """Whether the step just run could have stopped: its agreement met (one process reads
-    its own signal every step)."""
-    return not trainer.several or trainer.agreement.step_met
+def after_the_step(trainer: Trainer, rank: int, signalled: tuple | None, met: list[int]) -> None:
+    """What a scenario does after each step: note in ``met`` whether the step could have
+    stopped (its agreement met; one process reads its own signal every step), then send
+    ``signalled``'s signal ((rank, step, signal name)) to this rank if it is that rank's step."""
+    if not trainer.several or trainer.agreement.step_met:
+        met.append(trainer.pos.step)
+    if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
+        os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
 
 
 def assert_in_step(ranks: list[dict]) -> None:

@@ -4,7 +4,6 @@ how many times a step reads from the device."""
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -191,7 +190,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
     from refddp.testing import record_collectives
     from refddp.testing.checks.collectives import process_group_sequence
     from refddp.training.step_agreement import NonFiniteStep
-    from tests.rank_tasks import SIGNALS, step_met
+    from tests.rank_tasks import after_the_step
 
     rank = torch.distributed.get_rank()
     c = tiny_config(out, **overrides)
@@ -229,10 +228,7 @@ def run_drawn_scenario(out: str, faults: dict, signalled: tuple | None, comm_hoo
                 found = left_behind(before, trainer_state(trainer))
                 if found:
                     changed[trainer.pos.step] = found
-            if step_met(trainer):
-                met.append(trainer.pos.step)
-            if signalled and (rank, trainer.pos.step) == tuple(signalled[:2]):
-                os.kill(os.getpid(), SIGNALS[signalled[2]])  # the handler only sets a flag
+            after_the_step(trainer, rank, signalled, met)
             return signum
 
         met: list[int] = []
