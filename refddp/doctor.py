@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -330,6 +331,19 @@ def network_report(as_json: bool) -> int:
     return 1 if result["problems"] else 0
 
 
+def bad_counts(args: argparse.Namespace) -> str:
+    """The doctor's own options' errors, one line naming the flag ("" if none): a NaN
+    ``--barrier-timeout`` failed every rank in a traceback, ``--repeats 0`` divided by 0."""
+    if not (math.isfinite(args.barrier_timeout) and args.barrier_timeout > 0):
+        got = args.barrier_timeout
+        return f"--barrier-timeout: expected a finite number of seconds > 0, got {got}"
+    if args.repeats < 1:
+        return f"--repeats: must be >= 1, got {args.repeats}"
+    if args.steps < 0:
+        return f"--steps: must be >= 0, got {args.steps}"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m refddp.doctor", description=__doc__)
     parser.add_argument(
@@ -364,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = json.loads(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else sys.argv[1:]
     args, rest = parser.parse_known_args(argv)
+    why = bad_counts(args)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     if args.network:
         return network_report(args.json)
     try:

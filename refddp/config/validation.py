@@ -51,6 +51,8 @@ def coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
     if kind is int and isinstance(value, bool):
         raise ConfigError(f"{name}: expected int, got {value!r}")
+    if kind is float and not math.isfinite(value):  # YAML's .nan and .inf, the CLI's "nan"
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
     choices = f.metadata["choices"]
     if choices and value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
@@ -171,11 +173,11 @@ def validate(c: TrainConfig) -> None:
 
 
 def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
-    """The field's declared bounds, one line naming it (``not >``: NaN fails too)."""
+    """The field's declared bounds, one line naming it (``not >=``, ``not >``: NaN fails too)."""
     low, above, below = policy["at_least"], policy["above"], policy["below"]
     if below is not None and not (low <= value < below):
         raise ConfigError(f"{name}: must be in [{low}, {below}), got {value}")
-    if low is not None and value < low:
+    if low is not None and not value >= low:
         raise ConfigError(f"{name}: must be >= {low}, got {value}")
     if above is not None and not value > above:
         raise ConfigError(f"{name}: must be > {above}{policy['unit']}, got {value}")

@@ -18,6 +18,7 @@ from user code, where it is a no-op outside the harness.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -85,7 +86,11 @@ def exit(rank: int, at: int | str, code: int = 1) -> Fault:  # noqa: A001 - the 
 
 def delay(rank: int, at: int | str, seconds: float) -> Fault:
     """A straggler: ``rank`` reaches that point ``seconds`` late, and the collective completes."""
-    return _fault("delay", rank, at, float(seconds))
+    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    late = float(seconds) if number else -1.0
+    if not 0 <= late < math.inf:  # (NaN fails too)
+        raise ValueError(f"faults.delay: seconds must be a finite number >= 0, not {seconds!r}")
+    return _fault("delay", rank, at, late)
 
 
 NODE_FAULTS = ("kill_node", "cut_node")

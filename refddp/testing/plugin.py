@@ -16,6 +16,7 @@ rank-side test (``spawn`` takes ``faults=``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from refddp.testing.deadlines import deadline_error
 from refddp.testing.protocol import RANK_FIXTURES
 
 DEFAULT_WORLD_SIZE = 2
@@ -34,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("refddp", "multi-process torch.distributed tests (refddp)")
     group.addoption(
         "--dist-timeout",
-        type=float,
+        type=_seconds_option,
         default=60.0,
         metavar="SECONDS",
         help="deadline for one distributed test's ranks (default 60); a hang past it fails "
@@ -199,13 +201,26 @@ def _is_rank_side(item: pytest.Item) -> bool:
     )
 
 
+def _seconds_option(text: str) -> float:
+    """``--dist-timeout``'s type: pytest's usage error names the option."""
+    why = deadline_error(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return float(text)
+
+
 def _timeout(item: pytest.Item, explicit: float | None) -> float:
-    if explicit is not None:
-        return explicit
     marker = item.get_closest_marker("multiproc")
-    if marker is not None and marker.kwargs.get("timeout") is not None:
-        return float(marker.kwargs["timeout"])
-    return float(item.config.getoption("dist_timeout"))
+    if explicit is not None:
+        where, value = "spawn(timeout=...)", explicit
+    elif marker is not None and marker.kwargs.get("timeout") is not None:
+        where, value = "multiproc(timeout=...)", marker.kwargs["timeout"]
+    else:
+        return float(item.config.getoption("dist_timeout"))
+    why = deadline_error(value)
+    if why:
+        pytest.fail(f"{where}: {why}", pytrace=False)
+    return float(value)
 
 
 def _nnodes(item: pytest.Item, explicit: int | None, real: bool) -> tuple[int | None, bool]:

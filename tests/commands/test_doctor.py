@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from refddp.doctor import format_table
+from refddp.doctor import format_table, main
 from refddp.testing import RankFailure, RankTimeout
 from tests.cli_runs import REPO
 from tests.rank_tasks import doctor_check
@@ -48,6 +48,18 @@ def test_empty_shards_are_a_problem(spawn):
 
 
 @pytest.mark.slow  # the doctor's own 2-rank job: ~23 s
+@pytest.mark.parametrize("flags, line", [
+    (["--barrier-timeout", "nan"], "--barrier-timeout: expected a finite number of seconds > 0, got nan"),
+    (["--barrier-timeout", "0"], "--barrier-timeout: expected a finite number of seconds > 0, got 0.0"),
+    (["--repeats", "0"], "--repeats: must be >= 1, got 0"),
+    (["--steps", "-1"], "--steps: must be >= 0, got -1"),
+])  # fmt: skip
+def test_the_doctors_own_bad_options_are_one_line_and_exit_2(capsys, flags, line):
+    # Refused before any rank starts (a NaN barrier timeout failed every rank in a traceback).
+    assert main([*flags, "--nproc", "2"]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+
+
 def test_cli_prints_json_and_exits_nonzero_on_problems(spawn):
     ok = subprocess.run(
         # --device cpu: the CPU suite runs on CPU on GPU machines too

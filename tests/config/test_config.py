@@ -80,6 +80,29 @@ def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
     assert "\n" not in str(info.value)
 
 
+FLOAT_FIELDS = [name for name, f in FIELDS.items() if str(f.type) == "float"]
+
+
+@pytest.mark.parametrize("source", ["cli", "yaml", "checkpoint"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_no_float_setting_takes_a_value_that_is_not_finite(tmp_path, name, value, source):
+    """NaN and infinity pass a bound written as ``value < low`` and reach the run: an infinite
+    --stop-check-s ended a 2-rank run in an OverflowError after it started, a NaN --grad-clip
+    clipped every gradient to NaN. Refused from every source, with one line naming the field."""
+    assert len(FLOAT_FIELDS) >= 9  # (the schema's float fields, found by their type)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{name}: {value.replace('nan', '.nan').replace('inf', '.inf')}\n")
+    expected = rf"^{name}: expected a finite number, got {value.replace('-', '[-]')}$"
+    with pytest.raises(ConfigError, match=expected):
+        if source == "cli":
+            resolve([f"--{name.replace('_', '-')}={value}"])
+        elif source == "yaml":
+            resolve([], load_yaml(str(config)))
+        else:
+            resolve([], checkpoint={name: float(value)})
+
+
 def test_global_batch_size_sets_the_per_rank_batch_and_must_divide():
     c = resolve(["--global-batch-size", "64", "--grad-accum", "2"])
     assert per_rank_batch_size(c, world_size=4) == 8

@@ -125,6 +125,10 @@ def test_bad_faults_are_one_line_errors():
         faults.kill(1, 0)
     with pytest.raises(ValueError, match=r"^faults.delay: rank must be an int >= 0"):
         faults.delay(-1, 2, 1.0)
+    for seconds in (float("nan"), float("inf"), -1, "1", True):  # (sleep would fail in the rank)
+        with pytest.raises(ValueError, match=r"^faults.delay: seconds must be a finite number"):
+            faults.delay(0, 1, seconds)
+    assert faults.delay(1, 2, 0).value == 0.0
 
 
 def test_a_fault_on_a_rank_outside_the_world_is_refused(spawn):

@@ -217,3 +217,49 @@ def test_no_rank_outlives_the_session_after_interrupt_or_kill(pytester, tmp_path
     finally:
         if inner.poll() is None:
             inner.kill()
+
+
+BAD_DEADLINES = """
+import math
+import pytest
+from refddp.testing import DistributedTestCase
+
+
+def nothing():
+    pass
+
+
+@pytest.mark.multiproc(timeout=-1)
+def test_marker(dist_ctx):
+    pass
+
+
+def test_spawn(spawn):
+    spawn(nothing, timeout=math.nan)
+
+
+class TestCase(DistributedTestCase):
+    timeout = math.inf
+
+    def test_method(self):
+        pass
+"""
+
+
+def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where(pytester):
+    # A NaN deadline crashed the driver's wait (selectors' own error, deep in a traceback);
+    # a negative one failed every test as a hang, at once.
+    pytester.makepyfile(test_bad_deadlines=BAD_DEADLINES)
+    result = run_inner(pytester, "--dist-timeout=nan")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "argument --dist-timeout: expected a finite number of seconds > 0, got 'nan'" in (
+        result.stderr.str()
+    )
+    result = run_inner(pytester)
+    result.assert_outcomes(failed=3)  # (before any rank ran)
+    out = result.stdout.str()
+    for line in ("multiproc(timeout=...): expected a finite number of seconds > 0, got -1",
+                 "spawn(timeout=...): expected a finite number of seconds > 0, got nan",
+                 "TestCase.timeout: expected a finite number of seconds > 0, got inf"):  # fmt: skip
+        assert line in out, out
+    assert "RankTimeout" not in out and "selectors" not in out

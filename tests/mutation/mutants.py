@@ -1281,6 +1281,33 @@ MUTANTS = (
          "_s_of_training",),
     ),
     Mutant(
+        "float-setting-not-finite", "bad input is one line naming the field",
+        "refddp/config/validation.py",
+        "    if kind is float and not math.isfinite(value):", "    if False:",
+        ("tests/config/test_config.py::test_no_float_setting_takes_a_value_that_is_not_finite",),
+    ),
+    Mutant(
+        "test-deadline-not-checked", "bad input is one line naming the field",
+        "refddp/testing/plugin.py", "    why = deadline_error(value)\n", '    why = ""\n',
+        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
+    ),
+    Mutant(
+        "dist-timeout-option-unchecked", "bad input is one line naming the field",
+        "refddp/testing/plugin.py", "        type=_seconds_option,", "        type=float,",
+        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
+    ),
+    Mutant(
+        "delay-seconds-unchecked", "bad input is one line naming the field",
+        "refddp/testing/faults.py", "    if not 0 <= late < math.inf:  # (NaN fails too)",
+        "    if False:",
+        ("tests/harness/test_harness_faults.py::test_bad_faults_are_one_line_errors",),
+    ),
+    Mutant(
+        "doctor-options-unchecked", "bad input is one line naming the field", "refddp/doctor.py",
+        "    why = bad_counts(args)\n", '    why = ""\n',
+        ("tests/commands/test_doctor.py::test_the_doctors_own_bad_options_are_one_line_and_exit_2",),
+    ),
+    Mutant(
         "stop-check-votes-this-ranks-time", "ranks at different paces meet on the same steps",
         AGREEMENT,
         "        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])\n"
