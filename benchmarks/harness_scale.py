@@ -1,6 +1,6 @@
 """The harness at the world sizes users deploy: pool start, a warm test and memory, 8 to 1,024 ranks.
 
-    python benchmarks/harness_scale.py [--sizes 8 64 256 1024] [--warm-calls 5]
+    python benchmarks/harness_scale.py [--sizes 8 64 256 1024] [--warm-calls 5] [--check-cost N]
 
 For each size, on this machine (real processes, real gloo collectives): ``RankPool(n)``'s start
 (ranks forked from the rank server and joined in one group; the server's own start is timed
@@ -42,6 +42,16 @@ def all_reduce_and_barrier() -> None:
     dist.barrier()
 
 
+def switch_check(on: bool) -> None:
+    """On every rank: the fingerprint check on or off for the collectives that follow (the pool
+    started with it; its helper group is kept aside while it is off). refddp's own internals:
+    a benchmark of refddp, not an API."""
+    from refddp.testing.checks import collectives
+
+    kept = collectives.__dict__.setdefault("_checker_kept", collectives._checker)
+    collectives._checker = kept if on else None
+
+
 def rank_17_fails() -> None:
     if dist.get_rank() == 17:
         raise ValueError("planted on rank 17")
@@ -61,7 +71,24 @@ def available_mib() -> float:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:")) / 1024
 
 
-def measure(world_size: int, warm_calls: int, plant: bool, check: bool = True) -> dict:
+def check_cost(pool: RankPool, rotations: int) -> dict:
+    """Warm tests with the check off and on in the same pool, interleaved: each timed after an
+    untimed one in the same state."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rotations):
+        for on in (False, True):
+            pool.run(switch_check, (on,), timeout_s=600)
+            pool.run(all_reduce_and_barrier, timeout_s=600)
+            begin = time.perf_counter()
+            pool.run(all_reduce_and_barrier, timeout_s=600)
+            times[on].append(time.perf_counter() - begin)
+    return {"same_pool_unchecked_s": times[False], "same_pool_checked_s": times[True],
+            "same_pool_unchecked_median_s": statistics.median(times[False]),
+            "same_pool_checked_median_s": statistics.median(times[True])}  # fmt: skip
+
+
+def measure(world_size: int, warm_calls: int, plant: bool, check: bool = True,
+            rotations: int = 0) -> dict:  # fmt: skip
     available = available_mib()
     begin = time.perf_counter()
     pool = RankPool(world_size, debug=check, start_timeout_s=600)
@@ -89,6 +116,8 @@ def measure(world_size: int, warm_calls: int, plant: bool, check: bool = True) -
             "pss_gib": pss_mib([p.pid for p in pool.procs]) / 1024,
             "available_drop_gib": (available - available_mib()) / 1024,
         }
+        if rotations and check:
+            row |= check_cost(pool, rotations)
         if plant:
             begin = time.perf_counter()
             try:
@@ -110,6 +139,9 @@ def main() -> None:
     parser.add_argument("--warm-calls", type=int, default=5)
     parser.add_argument("--no-fingerprint-check", action="store_true",
                         help="ranks without the collective fingerprint check (--no-dist-debug)")
+    parser.add_argument("--check-cost", type=int, default=0, metavar="ROTATIONS",
+                        help="at the largest size, also time warm tests with the check off and "
+                        "on in the same pool, ROTATIONS times each, interleaved")
     parser.add_argument("--name", default="harness_scale", help="results/NAME.json")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -119,7 +151,8 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         plant = size == max(args.sizes) and size > 17
-        rows.append(measure(size, args.warm_calls, plant, not args.no_fingerprint_check))
+        rotations = args.check_cost if size == max(args.sizes) else 0
+        rows.append(measure(size, args.warm_calls, plant, not args.no_fingerprint_check, rotations))
         print(rows[-1], flush=True)
     rank_server.shutdown_server()
     table = "\n".join(
@@ -136,6 +169,10 @@ def main() -> None:
             *(f"planted failure at {r['world_size']} ranks: reported in "
               f"{r['planted_failure_s']:.1f} s, {r['planted_failure_report_lines']} lines"
               for r in rows if "planted_failure_s" in r),
+            *(f"{r['world_size']} ranks, one pool, check off / on in rotation: warm test "
+              f"{r['same_pool_unchecked_median_s']:.3f} s / {r['same_pool_checked_median_s']:.3f} s "
+              f"(medians of {len(r['same_pool_checked_s'])})"
+              for r in rows if "same_pool_checked_s" in r),
             f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
         ]
     )  # fmt: skip
