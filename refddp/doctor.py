@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import socket
 import sys
@@ -331,12 +330,15 @@ def network_report(as_json: bool) -> int:
     return 1 if result["problems"] else 0
 
 
+WEEK_S = 7 * 24 * 3600  # the longest --barrier-timeout (past the waits' own limits: overflow)
+
+
 def bad_counts(args: argparse.Namespace) -> str:
     """The doctor's own options' errors, one line naming the flag ("" if none): a NaN
     ``--barrier-timeout`` failed every rank in a traceback, ``--repeats 0`` divided by 0."""
-    if not (math.isfinite(args.barrier_timeout) and args.barrier_timeout > 0):
+    if not 0 < args.barrier_timeout <= WEEK_S:  # (NaN fails too)
         got = args.barrier_timeout
-        return f"--barrier-timeout: expected a finite number of seconds > 0, got {got}"
+        return f"--barrier-timeout: expected a number of seconds > 0, at most a week, got {got}"
     if args.repeats < 1:
         return f"--repeats: must be >= 1, got {args.repeats}"
     if args.steps < 0:

@@ -323,7 +323,7 @@ class TrainConfig:
     )
     timeout: float = _opt(
         300.0,
-        "seconds without progress before a rank is declared hung "
+        "seconds without progress before a rank is declared hung, at most a week "
         "(stacks are written to out/stacks/)",
         resume=APPLIED,
         above=0,

@@ -15,6 +15,8 @@ from typing import Any
 
 from refddp.config.schema import FIELDS, IMPORT_FIELDS, ConfigError, TrainConfig
 
+MAX_TIMEOUT_S = 7 * 24 * 3600  # longer than any step, shorter than the waits' own limits
+
 
 def field_type(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
@@ -142,6 +144,10 @@ def validate(c: TrainConfig) -> None:
         raise ConfigError(f"lr: must be > 0, got {c.lr}")
     if not c.timeout > 0:
         raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
+    if c.timeout > MAX_TIMEOUT_S:  # (1e12 overflowed a wait's deadline on every rank)
+        raise ConfigError(
+            f"timeout: must be at most {MAX_TIMEOUT_S} seconds (a week), got {c.timeout}"
+        )
     if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
         raise ConfigError("epochs: must be >= 1 unless max_steps is set")
     if c.strategy == "fsdp" and c.amp == "fp16":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+MAX_DEADLINE_S = 7 * 24 * 3600
+
 
 def deadline_error(value: Any) -> str:
     """Why ``value`` is no test deadline ("" if it is one): a finite number of seconds > 0 (a
@@ -20,4 +22,6 @@ def deadline_error(value: Any) -> str:
         seconds = math.nan
     if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
         return f"expected a finite number of seconds > 0, got {value!r}"
+    if seconds > MAX_DEADLINE_S:  # (past the waits' own limits: an OverflowError in the driver)
+        return f"expected at most {MAX_DEADLINE_S} seconds (a week), got {value!r}"
     return ""

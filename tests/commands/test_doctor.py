@@ -49,8 +49,9 @@ def test_empty_shards_are_a_problem(spawn):
 
 @pytest.mark.slow  # the doctor's own 2-rank job: ~23 s
 @pytest.mark.parametrize("flags, line", [
-    (["--barrier-timeout", "nan"], "--barrier-timeout: expected a finite number of seconds > 0, got nan"),
-    (["--barrier-timeout", "0"], "--barrier-timeout: expected a finite number of seconds > 0, got 0.0"),
+    (["--barrier-timeout", "nan"], "--barrier-timeout: expected a number of seconds > 0, at most a week, got nan"),
+    (["--barrier-timeout", "0"], "--barrier-timeout: expected a number of seconds > 0, at most a week, got 0.0"),
+    (["--barrier-timeout", "inf"], "--barrier-timeout: expected a number of seconds > 0, at most a week, got inf"),
     (["--repeats", "0"], "--repeats: must be >= 1, got 0"),
     (["--steps", "-1"], "--steps: must be >= 0, got -1"),
 ])  # fmt: skip

@@ -70,6 +70,7 @@ def test_yaml_values_are_type_checked(tmp_path):
         (["--resume", "weights.bin"], r"^resume: expected auto, never, a .pt/.pth file or a .dcp"),
         (["--ckpt-format", "zarr"], r"--ckpt-format: invalid choice: .zarr."),
         (["--timeout", "0"], r"^timeout: must be > 0"),
+        (["--timeout", "1e12"], r"^timeout: must be at most 604800 seconds \(a week\), got 1000000000000.0$"),
         (["--num-classes", "1"], r"^num_classes: must be >= 2"),
         (["--on-nonfinite", "ignore"], r"--on-nonfinite: invalid choice: .ignore."),
     ],

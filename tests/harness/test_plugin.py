@@ -238,6 +238,11 @@ def test_spawn(spawn):
     spawn(nothing, timeout=math.nan)
 
 
+@pytest.mark.multiproc(timeout=10**12)
+def test_marker_past_a_week(dist_ctx):
+    pass
+
+
 class TestCase(DistributedTestCase):
     timeout = math.inf
 
@@ -256,10 +261,11 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
         result.stderr.str()
     )
     result = run_inner(pytester)
-    result.assert_outcomes(failed=3)  # (before any rank ran)
+    result.assert_outcomes(failed=4)  # (before any rank ran)
     out = result.stdout.str()
     for line in ("multiproc(timeout=...): expected a finite number of seconds > 0, got -1",
                  "spawn(timeout=...): expected a finite number of seconds > 0, got nan",
+                 "multiproc(timeout=...): expected at most 604800 seconds (a week), got 1000000000000",
                  "TestCase.timeout: expected a finite number of seconds > 0, got inf"):  # fmt: skip
         assert line in out, out
     assert "RankTimeout" not in out and "selectors" not in out

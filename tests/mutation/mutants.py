@@ -1308,6 +1308,16 @@ MUTANTS = (
         ("tests/commands/test_doctor.py::test_the_doctors_own_bad_options_are_one_line_and_exit_2",),
     ),
     Mutant(
+        "hang-timeout-unbounded", "bad input is one line naming the field",
+        "refddp/config/validation.py", "    if c.timeout > MAX_TIMEOUT_S:", "    if False:",
+        ("tests/config/test_config.py::test_invalid_values_are_one_line_errors_naming_the_field",),
+    ),
+    Mutant(
+        "test-deadline-unbounded", "bad input is one line naming the field",
+        "refddp/testing/deadlines.py", "    if seconds > MAX_DEADLINE_S:", "    if False:",
+        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
+    ),
+    Mutant(
         "stop-check-votes-this-ranks-time", "ranks at different paces meet on the same steps",
         AGREEMENT,
         "        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])\n"
