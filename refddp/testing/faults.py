@@ -55,7 +55,7 @@ def _node_of(fault: Fault) -> str:
 
 
 def _fault(kind: str, rank: int, at: int | str, value: Any = None) -> Fault:
-    if not isinstance(rank, int) or rank < 0:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"faults.{kind}: rank must be an int >= 0, not {rank!r}")
     if isinstance(at, bool) or not isinstance(at, int | str) or (isinstance(at, int) and at < 1):
         raise ValueError(

@@ -125,6 +125,8 @@ def test_bad_faults_are_one_line_errors():
         faults.kill(1, 0)
     with pytest.raises(ValueError, match=r"^faults.delay: rank must be an int >= 0"):
         faults.delay(-1, 2, 1.0)
+    with pytest.raises(ValueError, match=r"^faults.kill: rank must be an int >= 0, not True"):
+        faults.kill(True, 1)  # (a bool is an int to Python: rank 1 would have been killed)
     for seconds in (float("nan"), float("inf"), -1, "1", True):  # (sleep would fail in the rank)
         with pytest.raises(ValueError, match=r"^faults.delay: seconds must be a finite number"):
             faults.delay(0, 1, seconds)

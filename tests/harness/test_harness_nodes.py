@@ -2,6 +2,7 @@
 state (a host name, a node_tmp_path) is its node's own."""
 
 import os
+import re
 import socket
 
 import pytest
@@ -69,6 +70,18 @@ def test_a_node_count_that_does_not_divide_the_world_is_a_one_line_failure(spawn
 
     with pytest.raises(ValueError, match=r"^nnodes=2 does not divide world_size=3"):
         spawn_ranks(where_am_i, world_size=3, nnodes=2)
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True, "2"])
+def test_a_world_size_that_is_no_count_of_ranks_is_a_one_line_failure(spawn, world_size):
+    # A world of 0 ran nothing and its test passed; 1.5 or "2" failed deep in the pool's start.
+    line = rf"^world_size must be an int >= 1, not {re.escape(repr(world_size))}$"
+    with pytest.raises(pytest.fail.Exception, match=line):
+        spawn(where_am_i, world_size=world_size)
+    from refddp.testing import spawn_ranks  # outside pytest: a ValueError, with the same line
+
+    with pytest.raises(ValueError, match=line):
+        spawn_ranks(where_am_i, world_size=world_size)
 
 
 def write_marker(name):

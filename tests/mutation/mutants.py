@@ -1318,6 +1318,19 @@ MUTANTS = (
         ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
     ),
     Mutant(
+        "world-of-no-ranks-runs", "bad input is one line naming the field",
+        "refddp/testing/nodes/simulated.py", "    if isinstance(world_size, bool) or count < 1:",
+        "    if False:",
+        ("tests/harness/test_harness_nodes.py::test_a_world_size_that_is_no_count_of_ranks_is_a"
+         "_one_line_failure",),
+    ),
+    Mutant(
+        "fault-on-rank-true", "bad input is one line naming the field", "refddp/testing/faults.py",
+        "    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:",
+        "    if not isinstance(rank, int) or rank < 0:",
+        ("tests/harness/test_harness_faults.py::test_bad_faults_are_one_line_errors",),
+    ),
+    Mutant(
         "stop-check-votes-this-ranks-time", "ranks at different paces meet on the same steps",
         AGREEMENT,
         "        sums = torch.cat([count, loss, self._signal_flags[self.stop.signal], since])\n"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import os
 import platform
 import socket
@@ -45,8 +46,15 @@ class NodeLayout(NamedTuple):
 
 
 def layout(world_size: int, nnodes: int | None) -> NodeLayout | None:
-    """The layout, None without nodes; a ValueError in one line when ``nnodes`` cannot split
-    ``world_size`` into equal nodes."""
+    """The layout, None without nodes; a ValueError in one line when ``world_size`` is no
+    count of ranks (a world of 0 ran nothing, and its test passed) or ``nnodes`` cannot split it
+    into equal nodes."""
+    try:
+        count = operator.index(world_size)  # (an int, or one of numpy's)
+    except TypeError:
+        count = 0
+    if isinstance(world_size, bool) or count < 1:
+        raise ValueError(f"world_size must be an int >= 1, not {world_size!r}")
     if nnodes is None:
         return None
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
