@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from refddp.config.command_line import load_yaml, merge, parse_cli
 from refddp.config.schema import ConfigError, TrainConfig
-from refddp.config.validation import per_rank_batch_size
+from refddp.config.validation import per_rank_batch_size, seconds_error
 from refddp.launch.dist import init_distributed, rank0_then_meet, teardown, under_torchrun
 from refddp.launch.exits import end_process
 from refddp.launch.network_checks import check_node, duplicate_host_names
@@ -330,19 +330,16 @@ def network_report(as_json: bool) -> int:
     return 1 if result["problems"] else 0
 
 
-WEEK_S = 7 * 24 * 3600  # the longest --barrier-timeout (past the waits' own limits: overflow)
-
-
-def bad_counts(args: argparse.Namespace) -> str:
+def bad_options(args: argparse.Namespace) -> str:
     """The doctor's own options' errors, one line naming the flag ("" if none): a NaN
     ``--barrier-timeout`` failed every rank in a traceback, ``--repeats 0`` divided by 0."""
-    if not 0 < args.barrier_timeout <= WEEK_S:  # (NaN fails too)
-        got = args.barrier_timeout
-        return f"--barrier-timeout: expected a number of seconds > 0, at most a week, got {got}"
+    if seconds_error(args.barrier_timeout):
+        return f"--barrier-timeout: {seconds_error(args.barrier_timeout)}"
     if args.repeats < 1:
         return f"--repeats: must be >= 1, got {args.repeats}"
-    if args.steps < 0:
-        return f"--steps: must be >= 0, got {args.steps}"
+    for flag in ("steps", "nproc"):
+        if getattr(args, flag) < 0:
+            return f"--{flag}: must be >= 0, got {getattr(args, flag)}"
     return ""
 
 
@@ -380,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = json.loads(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else sys.argv[1:]
     args, rest = parser.parse_known_args(argv)
-    why = bad_counts(args)
+    why = bad_options(args)
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2

@@ -72,12 +72,17 @@ def merge(
 ) -> TrainConfig:
     """CLI flag > YAML > checkpoint config (run fields only) > default; then validate."""
     values: dict[str, Any] = {}
+    given = {**from_yaml, **cli}
     for key, value in (from_checkpoint or {}).items():
-        if key in RUN_FIELDS:
-            values[key] = coerce(key, value)
+        if key in RUN_FIELDS and key not in given:  # (what the user gives can mend a bad one)
+            try:
+                values[key] = coerce(key, value)
+            except ConfigError as exc:
+                raise ConfigError(f"checkpoint: {exc} (pass --{key.replace('_', '-')} to "
+                                  "replace it)") from None  # fmt: skip
     values.update(from_yaml)
     values.update(cli)
-    refuse_checkpoint_imports(values, {**from_yaml, **cli})
+    refuse_checkpoint_imports(values, given)
     config = TrainConfig(**values)
     validate(config)
     return config

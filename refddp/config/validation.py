@@ -11,11 +11,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 from typing import Any
 
 from refddp.config.schema import FIELDS, IMPORT_FIELDS, ConfigError, TrainConfig
 
-MAX_TIMEOUT_S = 7 * 24 * 3600  # longer than any step, shorter than the waits' own limits
+# The longest timeout or deadline anywhere (the trainer's --timeout, the harness's, the
+# doctor's): longer than any step, and within every wait's own limits (1e12 s overflowed them).
+MAX_WAIT_S = 7 * 24 * 3600
+
+
+def seconds_error(value: Any) -> str:
+    """Why ``value`` is no timeout or deadline ("" if it is one): a number of seconds > 0, at
+    most ``MAX_WAIT_S`` (a NaN deadline crashed the harness's wait, a negative one failed every
+    test at once as a hang, 1e12 overflowed a wait after the ranks had started)."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (number and 0 < value <= MAX_WAIT_S):  # (NaN fails too)
+        return f"expected a number of seconds > 0, at most a week, got {value!r}"
+    return ""
 
 
 def field_type(f: dataclasses.Field) -> type:
@@ -48,7 +61,7 @@ def coerce(name: str, value: Any) -> Any:
     if kind in (int, float) and isinstance(value, str):
         value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        value = float(value) if abs(value) < 2**1023 else math.inf  # (float() would overflow)
     if kind is bool and not isinstance(value, bool) or not isinstance(value, kind):
         raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
     if kind is int and isinstance(value, bool):
@@ -144,9 +157,9 @@ def validate(c: TrainConfig) -> None:
         raise ConfigError(f"lr: must be > 0, got {c.lr}")
     if not c.timeout > 0:
         raise ConfigError(f"timeout: must be > 0 seconds, got {c.timeout}")
-    if c.timeout > MAX_TIMEOUT_S:  # (1e12 overflowed a wait's deadline on every rank)
+    if c.timeout > MAX_WAIT_S:  # (1e12 overflowed a wait's deadline on every rank)
         raise ConfigError(
-            f"timeout: must be at most {MAX_TIMEOUT_S} seconds (a week), got {c.timeout}"
+            f"timeout: must be at most {MAX_WAIT_S} seconds (a week), got {c.timeout}"
         )
     if c.epochs == 0 and c.max_steps == 0 and c.task == "train":
         raise ConfigError("epochs: must be >= 1 unless max_steps is set")

@@ -18,7 +18,7 @@ from user code, where it is a no-op outside the harness.
 
 from __future__ import annotations
 
-import math
+import numbers
 import os
 import signal
 import subprocess
@@ -27,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from refddp.config.validation import MAX_WAIT_S
 
 __all__ = ["Fault", "cut_node", "delay", "error", "exit", "fault_point", "hang", "kill",
            "kill_node"]
@@ -86,11 +88,12 @@ def exit(rank: int, at: int | str, code: int = 1) -> Fault:  # noqa: A001 - the 
 
 def delay(rank: int, at: int | str, seconds: float) -> Fault:
     """A straggler: ``rank`` reaches that point ``seconds`` late, and the collective completes."""
-    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
-    late = float(seconds) if number else -1.0
-    if not 0 <= late < math.inf:  # (NaN fails too)
-        raise ValueError(f"faults.delay: seconds must be a finite number >= 0, not {seconds!r}")
-    return _fault("delay", rank, at, late)
+    number = isinstance(seconds, numbers.Real) and not isinstance(seconds, bool)
+    if not (number and 0 <= seconds <= MAX_WAIT_S):  # (NaN fails too; sleep fails past it)
+        raise ValueError(
+            f"faults.delay: seconds must be a number >= 0, at most a week, not {seconds!r}"
+        )
+    return _fault("delay", rank, at, float(seconds))
 
 
 NODE_FAULTS = ("kill_node", "cut_node")

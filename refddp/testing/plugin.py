@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from refddp.testing.deadlines import deadline_error
+from refddp.config.validation import seconds_error
 from refddp.testing.protocol import RANK_FIXTURES
 
 DEFAULT_WORLD_SIZE = 2
@@ -203,7 +203,10 @@ def _is_rank_side(item: pytest.Item) -> bool:
 
 def _seconds_option(text: str) -> float:
     """``--dist-timeout``'s type: pytest's usage error names the option."""
-    why = deadline_error(text)
+    try:
+        why = seconds_error(float(text))
+    except ValueError:
+        why = seconds_error(text)
     if why:
         raise argparse.ArgumentTypeError(why)
     return float(text)
@@ -217,7 +220,7 @@ def _timeout(item: pytest.Item, explicit: float | None) -> float:
         where, value = "multiproc(timeout=...)", marker.kwargs["timeout"]
     else:
         return float(item.config.getoption("dist_timeout"))
-    why = deadline_error(value)
+    why = seconds_error(value)
     if why:
         pytest.fail(f"{where}: {why}", pytrace=False)
     return float(value)

@@ -108,7 +108,7 @@ class StopCheck:
         steps the votes covered (as many on every rank)."""
         if self.steps_in_last_vote and self.every_s:
             step_us = max(summed_us / world_size / self.steps_in_last_vote, 1.0)
-            self.every = max(1, min(self.MAX_STEPS, int(self.every_s * 1e6 / step_us)))
+            self.every = max(1, int(min(self.MAX_STEPS, self.every_s * 1e6 / step_us)))
 
 
 class StepAgreement:

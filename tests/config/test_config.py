@@ -56,6 +56,10 @@ def test_yaml_values_are_type_checked(tmp_path):
     bad.write_text("epochs: three\n")
     with pytest.raises(ConfigError, match=r"^epochs: expected int, got 'three'$"):
         load_yaml(str(bad))
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(f"lr: 1{'0' * 400}\n")  # an int too large for a float: not an OverflowError
+    with pytest.raises(ConfigError, match=r"^lr: expected a finite number, got inf$"):
+        load_yaml(str(huge))
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,7 @@ def test_invalid_values_are_one_line_errors_naming_the_field(argv, message):
 
 
 FLOAT_FIELDS = [name for name, f in FIELDS.items() if str(f.type) == "float"]
+assert len(FLOAT_FIELDS) >= 9  # (the schema's float fields, found by their type)
 
 
 @pytest.mark.parametrize("source", ["cli", "yaml", "checkpoint"])
@@ -91,10 +96,12 @@ def test_no_float_setting_takes_a_value_that_is_not_finite(tmp_path, name, value
     """NaN and infinity pass a bound written as ``value < low`` and reach the run: an infinite
     --stop-check-s ended a 2-rank run in an OverflowError after it started, a NaN --grad-clip
     clipped every gradient to NaN. Refused from every source, with one line naming the field."""
-    assert len(FLOAT_FIELDS) >= 9  # (the schema's float fields, found by their type)
     config = tmp_path / "c.yaml"
     config.write_text(f"{name}: {value.replace('nan', '.nan').replace('inf', '.inf')}\n")
-    expected = rf"^{name}: expected a finite number, got {value.replace('-', '[-]')}$"
+    expected = f"{name}: expected a finite number, got {value.replace('-', '[-]')}"
+    if source == "checkpoint":
+        expected = rf"checkpoint: {expected} \(pass --{name.replace('_', '-')} to replace it\)"
+    expected = f"^{expected}$"
     with pytest.raises(ConfigError, match=expected):
         if source == "cli":
             resolve([f"--{name.replace('_', '-')}={value}"])
@@ -102,6 +109,10 @@ def test_no_float_setting_takes_a_value_that_is_not_finite(tmp_path, name, value
             resolve([], load_yaml(str(config)))
         else:
             resolve([], checkpoint={name: float(value)})
+    good = 0.5 if name in ("dropout", "augment", "momentum") else 1.0
+    # A checkpoint saved before the check took such a value: resumed with the user's in its place.
+    assert getattr(resolve([f"--{name.replace('_', '-')}={good}"],
+                           checkpoint={name: float(value)}), name) == good  # fmt: skip
 
 
 def test_global_batch_size_sets_the_per_rank_batch_and_must_divide():

@@ -257,15 +257,16 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
     pytester.makepyfile(test_bad_deadlines=BAD_DEADLINES)
     result = run_inner(pytester, "--dist-timeout=nan")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "argument --dist-timeout: expected a finite number of seconds > 0, got 'nan'" in (
+    assert "argument --dist-timeout: expected a number of seconds > 0, at most a week, got nan" in (
         result.stderr.str()
     )
     result = run_inner(pytester)
     result.assert_outcomes(failed=4)  # (before any rank ran)
     out = result.stdout.str()
-    for line in ("multiproc(timeout=...): expected a finite number of seconds > 0, got -1",
-                 "spawn(timeout=...): expected a finite number of seconds > 0, got nan",
-                 "multiproc(timeout=...): expected at most 604800 seconds (a week), got 1000000000000",
-                 "TestCase.timeout: expected a finite number of seconds > 0, got inf"):  # fmt: skip
+    for line in ("multiproc(timeout=...): expected a number of seconds > 0, at most a week, got -1",
+                 "spawn(timeout=...): expected a number of seconds > 0, at most a week, got nan",
+                 "multiproc(timeout=...): expected a number of seconds > 0, at most a week, got "
+                 "1000000000000",
+                 "timeout: expected a number of seconds > 0, at most a week, got inf"):  # fmt: skip
         assert line in out, out
     assert "RankTimeout" not in out and "selectors" not in out

@@ -46,7 +46,8 @@ def test_each_stop_signal_is_read_back_as_itself_and_the_first_in_signals_wins()
 
 @settings(max_examples=200, deadline=None)
 @given(world=st.integers(1, 1024), step_us=st.integers(1, 10**8),
-       every_s=st.sampled_from([0.0, 1e-4, 0.05, 0.1, 60.0]))  # fmt: skip
+       every_s=st.sampled_from([0.0, 1e-4, 0.05, 0.1, 60.0, 1e303])  # (1e303 s overflowed)
+       | st.floats(0, 1e308))  # fmt: skip
 def test_the_stop_check_meets_once_every_stop_check_s_of_training(world, step_us, every_s):
     check = StopCheck(every_s)
     check.elapsed_us(at_a_step=True)  # the first step meets

@@ -98,7 +98,6 @@ class DistributedTestCase(unittest.TestCase):
 
     def _run_on_ranks(self, result: unittest.TestResult | None) -> Any:
         from refddp.testing.context import RankFailure, RankSkipped
-        from refddp.testing.deadlines import deadline_error
         from refddp.testing.driver.tasks import DEFAULT_TIMEOUT_S
         from refddp.testing.driver.warm_pools import PoolKey, run_on_pool
 
@@ -108,8 +107,6 @@ class DistributedTestCase(unittest.TestCase):
             key = PoolKey(self.world_size, pool_backend(self.backend),
                           _option("dist_debug", True))  # fmt: skip
             deadline = self.timeout or _option("dist_timeout", DEFAULT_TIMEOUT_S)
-            if self.timeout is not None and deadline_error(self.timeout):
-                raise ValueError(f"{type(self).__name__}.timeout: {deadline_error(self.timeout)}")
             file_name = _new_file()
             case = (type(self), self._testMethodName, file_name)
             try:

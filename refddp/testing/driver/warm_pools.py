@@ -11,6 +11,7 @@ import atexit
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from refddp.config.validation import seconds_error
 from refddp.testing.driver import rank_server
 from refddp.testing.driver.pool import RankPool
 from refddp.testing.driver.tasks import DEFAULT_TIMEOUT_S, _PoolGone
@@ -61,6 +62,8 @@ def run_on_pool(
     """
     __tracebackhide__ = True
     node_layout.layout(key.world_size, key.nnodes)  # a bad layout fails before any pool starts
+    if seconds_error(timeout_s):  # so does a deadline the driver's wait cannot take
+        raise ValueError(f"timeout: {seconds_error(timeout_s)}")
     check_node_faults(tuple(options.get("faults", ())), key.nnodes, key.real_nodes)  # so do these
     try:
         return get_pool(key).run(fn, args, kwargs, timeout_s, **options)
