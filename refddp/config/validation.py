@@ -61,7 +61,10 @@ def coerce(name: str, value: Any) -> Any:
     if kind in (int, float) and isinstance(value, str):
         value = _number(value, kind)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value) if abs(value) < 2**1023 else math.inf  # (float() would overflow)
+        try:
+            value = float(value)
+        except OverflowError:  # (a YAML integer too large for a float)
+            value = math.inf
     if kind is bool and not isinstance(value, bool) or not isinstance(value, kind):
         raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
     if kind is int and isinstance(value, bool):

@@ -204,12 +204,12 @@ def _is_rank_side(item: pytest.Item) -> bool:
 def _seconds_option(text: str) -> float:
     """``--dist-timeout``'s type: pytest's usage error names the option."""
     try:
-        why = seconds_error(float(text))
+        seconds: Any = float(text)
     except ValueError:
-        why = seconds_error(text)
-    if why:
-        raise argparse.ArgumentTypeError(why)
-    return float(text)
+        seconds = text  # (named as given)
+    if seconds_error(seconds):
+        raise argparse.ArgumentTypeError(seconds_error(seconds))
+    return seconds
 
 
 def _timeout(item: pytest.Item, explicit: float | None) -> float:
