@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
+from overhead_job import WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
                               dataloader_config=DataLoaderConfiguration(non_blocking=cuda))  # fmt: skip
     world = accelerator.num_processes
     model, train, val = job.build()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, weight_decay=WEIGHT_DECAY,
                             fused=cuda or None)  # fmt: skip
     loader = job.loader(train, job.global_batch // world, args.device, shuffle=True,
                         drop_last=True, generator=torch.Generator().manual_seed(0))  # fmt: skip

@@ -38,14 +38,21 @@ MODELS = {
     # GPT-2 at a size users train on the CPU (issue 38: a step of 20 ms or more): 4 blocks
     # 256 wide on 128-byte contexts, 8 sequences (~500 target tokens) a step.
     "gpt2_cpu": {"hidden_size": 256, "depth": 4},
+    # GPT-2 small itself, 124M parameters (examples/gpt2_bytes.py ``gpt2_small``: its own
+    # vocabulary, heads and 1,024-token context; the two numbers here are only its shape's
+    # record), for one GPU (issue 47's bar), 8 sequences a step.
+    "gpt2_124m": {"hidden_size": 768, "depth": 12},
 }
 GLOBAL_BATCH = 256
 TRAIN_SIZE = 16384
 VAL_SIZE = 2048
 # The demo: 35 steady epochs of ~0.05 s (one process on this machine). At 12 (11 steady,
 # ~0.55 s in all, until 2026-11-25) one hiccup moved a run's throughput by several percent.
-EPOCHS = {"demo": 36, "large": 3, "gpt2": 3, "gpt2_wide": 2, "gpt2_cpu": 3}
+EPOCHS = {"demo": 36, "large": 3, "gpt2": 3, "gpt2_wide": 2, "gpt2_cpu": 3, "gpt2_124m": 2}
 LR = 3e-3
+# GPT-2 small's own peak rate: at 3e-3 its 124M parameters can diverge, and a diverged run's
+# non-finite steps (skipped by refddp, taken by a plain loop) would time different work.
+LRS = {"gpt2_124m": 6e-4}
 WEIGHT_DECAY = 0.01  # AdamW's default, stated: refddp's own default is 0.0
 # The token jobs' data: 64-byte contexts, 16 sequences (~640 target tokens) per step (64 for
 # the wide one), 64 steps per epoch.
@@ -54,6 +61,7 @@ TOKEN_JOBS = {
     "gpt2": GPT2,
     "gpt2_wide": {**GPT2, "train_size": 4096, "global_batch": 64},
     "gpt2_cpu": {"input_dim": 128, "train_size": 256, "val_size": 32, "global_batch": 8},
+    "gpt2_124m": {"input_dim": 1024, "train_size": 512, "val_size": 16, "global_batch": 8},
 }
 # The GPT-2 job's model and data are examples/gpt2_bytes.py, imported from the repository root
 # (the baseline scripts run with this directory, not the root, first on sys.path).
@@ -100,6 +108,10 @@ class Job:
         return TOKEN_JOBS[self.model]
 
     @property
+    def lr(self) -> float:
+        return LRS.get(self.model, LR)
+
+    @property
     def global_batch(self) -> int:
         return self.gpt2["global_batch"] if self.tokens else GLOBAL_BATCH
 
@@ -114,13 +126,14 @@ class Job:
             f"--train-size={sizes[0]}",
             f"--val-size={sizes[1]}",
             f"--epochs={self.epochs}",
-            f"--lr={LR}",
+            f"--lr={self.lr}",
             f"--weight-decay={WEIGHT_DECAY}",
             "--lr-schedule=constant",
             "--optimizer=adamw",
         ]
         if self.tokens:
-            flags += ["--model=examples.gpt2_bytes:model", "--data=examples.gpt2_bytes:data",
+            build = "gpt2_small" if self.model == "gpt2_124m" else "model"
+            flags += [f"--model=examples.gpt2_bytes:{build}", "--data=examples.gpt2_bytes:data",
                       "--loss=model", "--dropout=0", f"--input-dim={self.gpt2['input_dim']}"]  # fmt: skip
         return flags
 

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overhead_job import LR, WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
+from overhead_job import WEIGHT_DECAY, EpochClock, Job, checkpoint_path, end, parse_args, report  # noqa: E402, I001
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
         model = DDP(model, device_ids=[device] if cuda else None)
     bare = model.module if distributed else model
     # On CUDA the fused AdamW (one kernel per step), the fastest torch has there
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, weight_decay=WEIGHT_DECAY,
                             fused=cuda or None)  # fmt: skip
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
     loader = job.loader(train, job.global_batch // world, args.device, sampler=sampler,

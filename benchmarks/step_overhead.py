@@ -1,7 +1,7 @@
 """What refddp's training step costs over a plain DDP step, measured inside one process.
 
     python benchmarks/step_overhead.py [--blocks 40] [--steps 16] [--models demo,large] [--ranks 1,2]
-                                       [--device cuda] [--variant FLAGS]
+                                       [--device cuda] [--variant FLAGS] [--amp bf16] [--compile]
 
 trainer_overhead.py compares whole runs, whose throughput on this shared 2-core machine moves
 by 20-30% from one run to the next: more than the overhead it looks for. Here each rank holds
@@ -19,11 +19,17 @@ copies pinned batches with ``non_blocking``, as plain_ddp_loop.py does, and each
 timed from a synchronised device to a synchronised device, so work a loop leaves queued is
 counted in its own block. ``--variant FLAGS``: a third loop, refddp's with FLAGS added
 (``--grad-clip 1``, say), its own Trainer in the same process, in the same rotation.
+
+``--amp bf16`` / ``--compile`` apply to both loops: refddp's flags of those names, and in the
+plain loop ``torch.autocast`` around the forward and the loss and ``torch.compile`` of the
+(DDP-wrapped) model, as refddp does them. GPT-2 small on one GPU (issue 47's bar):
+``--device cuda --ranks 1 --models gpt2_124m --amp bf16 [--compile] --blocks 10 --steps 8``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -47,17 +53,19 @@ from refddp.training.watchdog import HangWatchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from overhead_job import LR, WEIGHT_DECAY, Job  # noqa: E402, I001
+from overhead_job import WEIGHT_DECAY, Job  # noqa: E402, I001
 from record import write  # noqa: E402
 
 
-def rank_main(model_name: str, blocks: int, steps: int, out: str, device: str, variant: str) -> None:
+def rank_main(model_name: str, args: argparse.Namespace, out: str) -> None:
     job = Job(model_name)
+    device, variant = args.device, args.variant
+    both = [f"--amp={args.amp}", *(["--compile"] if args.compile else [])]
 
     def config(extra: list[str]):  # type: ignore[no-untyped-def]
         # The job's own flags (as trainer_overhead.py runs it), epochs enough for every block.
         cli, _ = parse_cli([*job.refddp_flags(), "--epochs=1000", "--no-progress", "--resume=never",
-                            f"--out={out}", f"--device={device}", *extra])  # fmt: skip
+                            f"--out={out}", f"--device={device}", *both, *extra])  # fmt: skip
         return merge(cli, {})
 
     c = config([])
@@ -68,15 +76,16 @@ def rank_main(model_name: str, blocks: int, steps: int, out: str, device: str, v
         trainers = {"refddp": Trainer(c, ctx, watchdog)}
         if variant:
             trainers["variant"] = Trainer(config(shlex.split(variant)), ctx, watchdog)
-        times = measure(trainers, job, torch.device(ctx.device), world, rank, blocks, steps)
+        times = measure(trainers, job, torch.device(ctx.device), world, rank, args)
     if rank == 0:
         print(json.dumps(times), flush=True)
     dist.destroy_process_group()
 
 
 def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world: int,
-            rank: int, blocks: int, steps: int) -> dict:  # fmt: skip
+            rank: int, args: argparse.Namespace) -> dict:  # fmt: skip
     """Seconds per step of each loop, per block (after two warm-up blocks of each)."""
+    blocks, steps = args.blocks, args.steps
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else lambda: None
     for trainer in trainers.values():
@@ -86,14 +95,27 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
     model, train, _ = job.build()
     model = model.to(device)
     plain = DDP(model, device_ids=[device] if cuda else None) if world > 1 else model
-    opt = torch.optim.AdamW(plain.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+    if args.compile:
+        plain = torch.compile(plain)
+
+    def autocast():  # type: ignore[no-untyped-def]
+        bf16 = args.amp == "bf16"
+        return torch.autocast(device.type, torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    opt = torch.optim.AdamW(plain.parameters(), lr=job.lr, weight_decay=WEIGHT_DECAY,
                             fused=cuda or None)  # fmt: skip
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
     loader = job.loader(train, job.global_batch // world, device.type, sampler=sampler,
                         drop_last=True)  # fmt: skip
 
+    epochs: dict[int, object] = {}  # each Trainer's epoch's batches, kept across its blocks
+
     def refddp_block(trainer: Trainer) -> float:
-        batches = trainer.epoch_batches()
+        # A new epoch's iterator only where an epoch starts: within one, the step fetches the
+        # next step's batches ahead (refddp/training/steps.py), as it does in a run.
+        if trainer.pos.step % trainer.sampler.steps_per_epoch == 0 or id(trainer) not in epochs:
+            epochs[id(trainer)] = trainer.epoch_batches()
+        batches = epochs[id(trainer)]
         sync()
         begin = time.perf_counter()
         for _ in range(steps):
@@ -108,7 +130,9 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
         for _ in range(steps):
             batch = job.to(next(batches), device)
             opt.zero_grad(set_to_none=True)
-            job.loss(plain, batch).backward()
+            with autocast():
+                loss = job.loss(plain, batch)
+            loss.backward()
             opt.step()
         sync()
         return (time.perf_counter() - begin) / steps
@@ -135,12 +159,13 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--variant", default="", help="refddp flags for a third loop")
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="both loops")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both loops' model")
     parser.add_argument("--name", default="step_overhead", help="results/NAME.json")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
-        rank_main(args.rank_main[0], args.blocks, args.steps, args.rank_main[1], args.device,
-                  args.variant)  # fmt: skip
+        rank_main(args.rank_main[0], args, args.rank_main[1])
         return
     load_before = os.getloadavg()[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -151,7 +176,8 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        "--nproc-per-node", str(ranks), os.path.abspath(__file__),
                        "--blocks", str(args.blocks), "--steps", str(args.steps),
-                       "--device", args.device, "--variant", args.variant,
+                       "--device", args.device, "--variant", args.variant, "--amp", args.amp,
+                       *(["--compile"] if args.compile else []),
                        "--rank-main", model, out]  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                                       cwd=os.path.dirname(HERE))  # fmt: skip
@@ -160,7 +186,8 @@ def main() -> None:
             times = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
             med = {k: statistics.median(v) for k, v in times.items()}
             paired = statistics.median(a / b for a, b in zip(times["refddp"], times["plain"], strict=True))
-            entry = {"model": model, "ranks": ranks, "median_step_s": med, "blocks": times,
+            entry = {"model": model, "ranks": ranks, "amp": args.amp, "compile": args.compile,
+                     "median_step_s": med, "blocks": times,
                      "throughput_vs_plain": med["plain"] / med["refddp"],
                      "paired_throughput_vs_plain": 1 / paired,
                      "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6}  # fmt: skip
@@ -177,7 +204,9 @@ def main() -> None:
                 rows[-1] += (f" | variant ({args.variant}) {med['variant'] * 1e3:7.3f} ms, "
                              f"{entry['variant_throughput_vs_plain']:.3f}x")  # fmt: skip
             print(rows[-1], flush=True)
-    header = f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps per loop, in one process per rank ({args.device})"
+    header = (f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps "
+              f"per loop, in one process per rank ({args.device}, amp {args.amp}, "
+              f"compile {args.compile})")  # fmt: skip
     write(args.name, results, "\n".join([header, *rows]), load_before)
 
 

@@ -104,3 +104,16 @@ def model(config):
     )
     model.loss_type = "ForCausalLM"  # what it is; unset, HF warns on every forward
     return model
+
+
+def gpt2_small(config):
+    """GPT-2 small's own shape, 124M parameters (its 50,257-token vocabulary, 12 heads of 64,
+    1,024 positions), over the same byte text: the size the GPU benchmark trains
+    (benchmarks/step_overhead.py ``--models gpt2_124m``). Only ``dropout`` is read from the
+    config; the byte tokens use 256 of the vocabulary's rows."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    p = config.dropout
+    model = GPT2LMHeadModel(GPT2Config(resid_pdrop=p, embd_pdrop=p, attn_pdrop=p))
+    model.loss_type = "ForCausalLM"
+    return model

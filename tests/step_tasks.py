@@ -288,3 +288,47 @@ def reduced_as_ddp_does() -> dict:
     unreduced = {id(p) for p in unreduced_parameters(ddp)}
     return {"reduced": sorted(n for n, same in equal.items() if same),
             "ours": sorted(n for n, p in model.named_parameters() if id(p) not in unreduced)}
+
+
+def fit_recording_fetches(out: str, **overrides) -> dict:
+    """``fit``, recording in order each batch fetched from the loader ("fetch") and each
+    step's host read of its gradient's norm ("read"), with the steps per epoch and the run's
+    steps."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    events: list[str] = []
+    epoch_batches, agreement_read = trainer.epoch_batches, trainer.agreement.read
+
+    def recorded(iterator: Iterator[Any]) -> Iterator[Any]:
+        for batch in iterator:
+            events.append("fetch")
+            yield batch
+
+    def recording_epoch_batches() -> Any:
+        batches = epoch_batches()
+        batches.iterator = recorded(batches.iterator)
+        return batches
+
+    def recording_read(*args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # a step's read, with its norm (``settle`` reads with none)
+            events.append("read")
+        return agreement_read(*args, **kwargs)
+
+    trainer.epoch_batches, trainer.agreement.read = recording_epoch_batches, recording_read
+    result = trainer.fit()
+    return {"events": events, "steps_per_epoch": trainer.sampler.steps_per_epoch,
+            "steps": result["step"]}  # fmt: skip
+
+
+def fit_until_a_batch_fails(out: str, failing_item: int, **overrides) -> dict:
+    """``fit`` over data whose ``failing_item``-th item served raises OSError: where the run
+    was (its step and updates) when the error reached ``fit``'s caller, and the error."""
+    trainer = Trainer(tiny_config(out, data="tests.user_code:failing_datasets", **overrides),
+                      init_distributed("cpu"))  # fmt: skip
+    dataset = trainer.train_set
+    dataset.fail_at = dataset.served + failing_item  # (set-up may have fetched a first batch)
+    try:
+        trainer.fit()
+    except OSError as error:
+        return {"step": trainer.pos.step, "updates": trainer.pos.updates, "error": str(error),
+                "batch_size": trainer.batch_size}  # fmt: skip
+    raise AssertionError("the failing item was never fetched")

@@ -135,6 +135,26 @@ def stuck_datasets(config):
     return StuckDataset(train), val
 
 
+class FailingDataset(WrappedDataset):
+    """Raises OSError on the ``fail_at``-th item it serves (0: never): a sample file that
+    cannot be read."""
+
+    def __init__(self, base):
+        super().__init__(base)
+        self.served, self.fail_at = 0, 0
+
+    def __getitem__(self, index):
+        self.served += 1
+        if self.served == self.fail_at:
+            raise OSError(f"item {self.served}: unreadable")
+        return self.base[index]
+
+
+def failing_datasets(config):
+    train, val = synthetic(config)
+    return FailingDataset(train), val
+
+
 def datasets_missing_on_rank_1(config):
     """A data file present on rank 0's node only: rank 1 alone refuses its configuration."""
     from refddp.config.schema import ConfigError

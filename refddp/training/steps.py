@@ -15,6 +15,7 @@ rank alike.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -40,7 +41,7 @@ def train_step(trainer: Any, batches: Any) -> int:
     (0: none, or the step did not meet: ``StopCheck``)."""
     c, window = trainer.c, trainer.window
     waited = time.perf_counter()
-    micro_batches = [next(batches) for _ in range(c.grad_accum)]
+    micro_batches = [next(batches) for _ in range(c.grad_accum)]  # fetched ahead, mostly
     window.data_wait += time.perf_counter() - waited
     if trainer.bucket_layout_pending:
         settle_ddp_buckets(trainer, micro_batches[0])
@@ -75,6 +76,13 @@ def train_step(trainer: Any, batches: Any) -> int:
     if trainer.scaling:
         trainer.scaler.unscale_(trainer.optimizer)  # the norm and clipping see the true gradient
     norm = trainer.parallel.grad_norm(c.grad_clip)  # clips too, with --grad-clip
+    if trainer.watchdog:
+        # Here, not after the update: a rank stuck fetching the next step's batches has then
+        # marked the same step as its peers, which block in the next backward (DDP's
+        # all-reduce) or forward (FSDP's all-gather) before they mark it again: every rank's
+        # watchdog fires together, and each leaves its stack (refddp/training/watchdog.py).
+        trainer.watchdog.progress()
+    fetch_next_step(trainer, batches)  # while the device (or gloo) finishes the backward
     agreed = trainer.agreement.read(norm)  # one host read a step: the norm and the agreement
     trainer.late_loss.agreed(agreed.previous_loss_sum)  # the step before's, to the trackers
     step = trainer.pos.step = trainer.pos.step + 1
@@ -84,9 +92,55 @@ def train_step(trainer: Any, batches: Any) -> int:
     window.targets += agreed.targets
     window.samples += trainer.global_batch
     window.steps += 1
-    if trainer.watchdog:
-        trainer.watchdog.progress()
     return agreed.signal
+
+
+class StepBatches:
+    """An epoch's batches (``iterator``, the loader's), of which the next step's can be
+    fetched early (``fetch_ahead``): ``next`` returns those first, in the loader's order.
+
+    Why: a step reads its gradient's norm on the host (the skip decision), which waits for
+    the device to finish the backward. A plain loop never waits, so its host fetches the next
+    batch while the device computes; fetched before that read, refddp's does too. A fetch
+    that fails is raised where it would have been without the early fetch, at the next
+    step's ``next``: the step fetched ahead of still updates, the error names the same step.
+    The batches themselves are the same: which are fetched depends on the sampler's position
+    only, and a sample's seed on (seed, epoch, index) (``SeededFetch``)."""
+
+    def __init__(self, iterator: Any):
+        self.iterator = iterator
+        self.ahead: collections.deque[Any] = collections.deque()
+        self.failed: Exception | None = None  # raised once the batches before it are taken
+
+    def __iter__(self) -> StepBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self.ahead:
+            return self.ahead.popleft()
+        if self.failed is not None:
+            failed, self.failed = self.failed, None
+            raise failed
+        return next(self.iterator)
+
+    def fetch_ahead(self, count: int) -> None:
+        """Fetch ``count`` batches now; an error (StopIteration too) waits for its turn."""
+        try:
+            for _ in range(count):
+                self.ahead.append(next(self.iterator))
+        except Exception as error:  # noqa: BLE001 (re-raised by __next__, in order)
+            self.failed = error
+
+
+def fetch_next_step(trainer: Any, batches: Any) -> None:
+    """Fetch the next step's micro-batches now (``StepBatches``), unless this step ends the
+    epoch or the run: nothing would take them."""
+    step = trainer.pos.step + 1  # this step's number (counted after the read)
+    if step % trainer.sampler.steps_per_epoch == 0 or step >= trainer.total_steps:
+        return
+    waited = time.perf_counter()
+    batches.fetch_ahead(trainer.c.grad_accum)
+    trainer.window.data_wait += time.perf_counter() - waited
 
 
 def host_target_count(trainer: Any, micro_batches: list[Any]) -> int:

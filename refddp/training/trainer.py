@@ -263,7 +263,7 @@ class Trainer:
         else:
             self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)
             self.loader.generator.manual_seed(loader_seed)  # the workers' seeds
-        return iter(self.loader)
+        return steps.StepBatches(iter(self.loader))
 
     def train_step(self, batches: Any) -> int:
         """One training step (``refddp/training/steps.py``): forward and backward over

@@ -106,9 +106,9 @@ if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:  # rank 0 of th
     import time
     import refddp.launch.dist
     leave = refddp.launch.dist.teardown
-    def slow_teardown():
+    def slow_teardown(*args, **kwargs):
         time.sleep(3)
-        leave()
+        leave(*args, **kwargs)
     refddp.launch.dist.teardown = slow_teardown
 """
 

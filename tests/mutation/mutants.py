@@ -2087,6 +2087,46 @@ MUTANTS = (
         "        if trainer.scaling:",
         (f"{T_SKIPPED_STEPS}::test_a_step_reads_from_the_device_once[fp16]",),
     ),
+    # The next step's batches fetched while the device finishes the backward.
+    Mutant(
+        "batches-fetched-after-the-read", "the next step's batches are fetched before the read",
+        STEPS, "    fetch_next_step(trainer, batches)  # while the device (or gloo) finishes the backward\n",
+        "",
+        (f"{T_SKIPPED_STEPS}::test_the_next_steps_batches_are_fetched_before_a_step_waits_for_the"
+         "_device",),
+    ),
+    Mutant(
+        "fetch-error-raised-early", "the next step's batches are fetched before the read", STEPS,
+        "        except Exception as error:  # noqa: BLE001 (re-raised by __next__, in order)",
+        "        except StopIteration as error:",
+        (f"{T_SKIPPED_STEPS}::test_a_batch_that_fails_to_load_fails_its_own_step_not_the_step_that"
+         "_fetched_it",),
+    ),
+    Mutant(
+        "watchdog-marks-after-the-read", "a hang report shows every rank's stack", STEPS,
+        "        trainer.watchdog.progress()\n"
+        "    fetch_next_step(trainer, batches)  # while the device (or gloo) finishes the backward\n"
+        "    agreed = trainer.agreement.read(norm)  # one host read a step: the norm and the agreement\n",
+        "        pass\n"
+        "    fetch_next_step(trainer, batches)  # while the device (or gloo) finishes the backward\n"
+        "    agreed = trainer.agreement.read(norm)  # one host read a step: the norm and the agreement\n"
+        "    if trainer.watchdog:\n        trainer.watchdog.progress()\n",
+        ("tests/training/test_faults.py::test_hung_data_loader_writes_every_rank_stack_and_fails",),
+    ),
+    # torch 2.5's destroy_process_group, skipped where the process exits next.
+    Mutant(
+        "group-left-on-torch-2-5", "a finished run exits 0: no exit deadlock", DIST,
+        "        if owned and dist.is_initialized() and not (exiting and destroy_can_hang()):",
+        "        if owned and dist.is_initialized():",
+        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except_on"
+         "_torch_2_5",),
+    ),
+    Mutant(
+        "group-kept-on-every-torch", "a finished run exits 0: no exit deadlock", DIST,
+        "    return torch_version() < (2, 6)", "    return True",
+        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except_on"
+         "_torch_2_5",),
+    ),
     # Issue 51: a hang's stacks, always.
     Mutant(
         "stack-signal-is-sigusr1", "a hang report shows every rank's stack", PROTOCOL,

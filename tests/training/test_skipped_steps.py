@@ -22,6 +22,8 @@ from tests.rank_tasks import TOKENS, fit, fit_full_weights
 from tests.step_tasks import (
     fit_checking_skipped_steps,
     fit_counting_host_reads,
+    fit_recording_fetches,
+    fit_until_a_batch_fails,
     reduced_as_ddp_does,
 )
 
@@ -240,3 +242,27 @@ def test_a_step_reads_from_the_device_once(spawn, tmp_path, world_size, override
         assert bool(skipped) == (overrides.get("data") == EXPLODING), skipped
         expected = {step: 2 if step in skipped else 1 for step in reads}
         assert reads == expected, f"rank {rank}: reads per step"
+
+
+@pytest.mark.parametrize("world_size, accumulation", [(1, 1), (2, 2)])
+def test_the_next_steps_batches_are_fetched_before_a_step_waits_for_the_device(
+    spawn, tmp_path, world_size, accumulation
+):
+    # The read waits for the backward (on a GPU) or the gradient's all-reduce (gloo); a plain
+    # loop's host fetches the next batch meanwhile, and so does refddp's: each step but an
+    # epoch's last fetches the next step's micro-batches before its read.
+    for rank, found in enumerate(spawn(fit_recording_fetches, str(tmp_path), world_size=world_size,
+                                       grad_accum=accumulation, epochs=2)):  # fmt: skip
+        per_epoch, fetches = found["steps_per_epoch"], ["fetch"] * accumulation
+        epoch = fetches + (fetches + ["read"]) * (per_epoch - 1) + ["read"]
+        assert found["steps"] == 2 * per_epoch
+        assert found["events"] == epoch * 2, f"rank {rank}"
+
+
+def test_a_batch_that_fails_to_load_fails_its_own_step_not_the_step_that_fetched_it(spawn, tmp_path):
+    # Step 3's first item is fetched during step 2, before its update: the error waits for
+    # step 3, so step 2 still updates, as it did before batches were fetched ahead.
+    [found] = spawn(fit_until_a_batch_fails, str(tmp_path), world_size=1, failing_item=2 * 4 + 1)
+    assert found["batch_size"] == 4
+    assert (found["step"], found["updates"]) == (2, 2)
+    assert found["error"] == "item 9: unreadable" or "unreadable" in found["error"]
