@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A GPU lease's checks as one command (about 6 minutes on one H100 or H200): the GPU suite,
+# A GPU lease's checks as one command (5 minutes on one H200; each part has its own timeout,
+# 14.5 minutes in all at worst, so a hung part costs the later ones): the GPU suite,
 # then GPT-2 small (124M) bf16 on one GPU, eager and compiled, refddp's step against a plain
 # one (step_overhead.py), then the small jobs' step overhead. Logs and results go to $OUT
 # (the device tool's folder; /tmp/gpu_lease elsewhere). Run from the repository root, on a

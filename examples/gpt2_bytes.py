@@ -109,10 +109,15 @@ def model(config):
 def gpt2_small(config):
     """GPT-2 small's own shape, 124M parameters (its 50,257-token vocabulary, 12 heads of 64,
     1,024 positions), over the same byte text: the size the GPU benchmark trains
-    (benchmarks/step_overhead.py ``--models gpt2_124m``). Only ``dropout`` is read from the
-    config; the byte tokens use 256 of the vocabulary's rows."""
+    (benchmarks/step_overhead.py ``--models gpt2_124m``). ``dropout`` is read from the
+    config, and ``input_dim`` checked against the 1,024 positions; the byte tokens use 256 of
+    the vocabulary's rows."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from refddp.config.schema import ConfigError
+
+    if config.input_dim > 1024:
+        raise ConfigError(f"input_dim: GPT-2 small has 1024 positions, not {config.input_dim}")
     p = config.dropout
     model = GPT2LMHeadModel(GPT2Config(resid_pdrop=p, embd_pdrop=p, attn_pdrop=p))
     model.loss_type = "ForCausalLM"

@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        teardown(exiting=True)  # on every path; end_process ends the process next
+        teardown()  # on every path: no gloo thread left running at exit
     return 1 if result["problems"] else 0
 
 

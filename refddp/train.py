@@ -261,7 +261,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
         print(f"error: {lost}", file=sys.stderr)
         return 1
     finally:
-        teardown(exiting=True)  # main runs under end_process
+        teardown()
     if summary:
         _log_summary(ctx, summary, started, c.out)
     if unusable and not recorded and ctx.is_main:

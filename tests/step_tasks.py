@@ -291,12 +291,27 @@ def reduced_as_ddp_does() -> dict:
 
 
 def fit_recording_fetches(out: str, **overrides) -> dict:
-    """``fit``, recording in order each batch fetched from the loader ("fetch") and each
-    step's host read of its gradient's norm ("read"), with the steps per epoch and the run's
-    steps."""
-    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    """``fit``, recording in order each batch fetched from the loader ("fetch"), each step's
+    host read of its gradient's norm ("read") and each progress mark of the hang watchdog
+    ("progress"), with the steps per epoch and the run's steps."""
     events: list[str] = []
+    stepping = [False]  # the marks of evaluation batches and checkpoints are not the step's
+
+    class RecordingWatchdog:
+        def progress(self) -> None:
+            if stepping[0]:
+                events.append("progress")
+
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"), RecordingWatchdog())
     epoch_batches, agreement_read = trainer.epoch_batches, trainer.agreement.read
+    train_step = trainer.train_step
+
+    def recording_step(batches: Any) -> int:
+        stepping[0] = True
+        try:
+            return train_step(batches)
+        finally:
+            stepping[0] = False
 
     def recorded(iterator: Iterator[Any]) -> Iterator[Any]:
         for batch in iterator:
@@ -314,6 +329,7 @@ def fit_recording_fetches(out: str, **overrides) -> dict:
         return agreement_read(*args, **kwargs)
 
     trainer.epoch_batches, trainer.agreement.read = recording_epoch_batches, recording_read
+    trainer.train_step = recording_step
     result = trainer.fit()
     return {"events": events, "steps_per_epoch": trainer.sampler.steps_per_epoch,
             "steps": result["step"]}  # fmt: skip
@@ -330,5 +346,24 @@ def fit_until_a_batch_fails(out: str, failing_item: int, **overrides) -> dict:
         trainer.fit()
     except OSError as error:
         return {"step": trainer.pos.step, "updates": trainer.pos.updates, "error": str(error),
-                "batch_size": trainer.batch_size}  # fmt: skip
+                "batch_size": trainer.batch_size, "failing": dataset.fail_at}  # fmt: skip
     raise AssertionError("the failing item was never fetched")
+
+
+def fit_from_seeded_host_rngs(out: str, signalled_after: int = 0, **overrides) -> dict:
+    """``fit_full_weights`` (or, with ``signalled_after``, ``fit_signalled_after_step`` with
+    SIGTERM to rank 1 after that step) from Python's and numpy's global RNGs seeded by rank:
+    ``python -m refddp.train`` seeds torch's only, so runs compared draw from the same
+    streams."""
+    import random
+
+    import numpy as np
+    import torch.distributed as dist
+
+    from tests.rank_tasks import fit_full_weights, fit_signalled_after_step
+
+    random.seed(dist.get_rank())
+    np.random.seed(dist.get_rank())
+    if signalled_after:
+        return fit_signalled_after_step(out, signalled_after, 1, **overrides)
+    return fit_full_weights(out, **overrides)

@@ -138,6 +138,7 @@ def choose_device(requested: str, local_rank: int) -> torch.device:
 
 
 _owns_group = False
+_ends_unfinalized = False  # set by ends_unfinalized(), for end_process's processes
 _meshes: list[DeviceMesh] = []  # made by device_mesh(); teardown() releases their group
 
 
@@ -257,24 +258,25 @@ def device_mesh(device_type: str, world_size: int) -> DeviceMesh:
     return mesh
 
 
-def teardown(exiting: bool = False) -> None:
-    """Leave the process group, if ``init_distributed`` created it, and stop its threads.
+def teardown() -> None:
+    """Leave the process group, if ``init_distributed`` created it, which stops its threads.
 
     Never raises: it runs in ``finally`` blocks, where an error of its own (NCCL after a peer
     died, say) would replace the one the user needs; and once a run's work is done, a group
     that will not close changes nothing of it. Such an error is logged.
 
-    ``exiting``: the process ends next without finalization (``end_process``), which stops
-    gloo's threads itself. On torch 2.5 (``destroy_can_hang``) the group is then not
-    destroyed: there ``destroy_process_group`` on a gloo group, its peer done or gone, hung
-    now and then, the run's work all done (docs/known-limitations.md).
+    One exception: in a process that ``end_process`` ends (``python -m refddp.train``, the
+    doctor), on torch 2.5 a gloo group is not destroyed (``destroy_can_hang``): there
+    ``destroy_process_group``, its peer done or gone, hung now and then after a finished run
+    (docs/torch-versions.md), and the process's exit, without finalization, ends gloo's
+    threads anyway.
     """
     global _owns_group
     owned, _owns_group = _owns_group, False
     if owned:
         _free_the_run()
     try:
-        if owned and dist.is_initialized() and not (exiting and destroy_can_hang()):
+        if owned and dist.is_initialized() and not (_ends_unfinalized and destroy_can_hang()):
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - see the docstring
         log.warning("leaving the process group failed", exc_info=True)
@@ -286,12 +288,19 @@ def teardown(exiting: bool = False) -> None:
 
 
 def destroy_can_hang() -> bool:
-    """torch before 2.6: ``destroy_process_group`` of a gloo group hung in two of three runs
-    of the compatibility suite (once each in two of its ~100 two-rank jobs), after the
-    run had finished; never on 2.13 or 2.14."""
+    """torch before 2.6, a gloo group: ``destroy_process_group`` hung in two of three runs of
+    the compatibility suite (once each in two of its ~100 two-rank jobs), after the run had
+    finished; never on 2.13 or 2.14."""
     from refddp.config.torch_support import torch_version
 
-    return torch_version() < (2, 6)
+    return torch_version() < (2, 6) and "gloo" in str(dist.get_backend())
+
+
+def ends_unfinalized() -> None:
+    """Mark this process as one that leaves with ``os._exit`` once its main returns
+    (``end_process``): ``teardown`` may then leave a group that can hang to the exit."""
+    global _ends_unfinalized
+    _ends_unfinalized = True
 
 
 def release_meshes() -> bool:

@@ -19,9 +19,11 @@ import collections
 import contextlib
 import logging
 import math
+import random
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -34,14 +36,15 @@ from refddp.workload.objectives.batches import to_device
 log = logging.getLogger("refddp")
 
 
-def train_step(trainer: Any, batches: Any) -> int:
+def train_step(trainer: Any, batches: StepBatches) -> int:
     """One training step: forward and backward over ``grad_accum`` micro-batches, then the
     update (clip, step) unless the gradient is non-finite (then ``skip_step``).
     Returns the stop signal any rank had received when the step began, where the step met
     (0: none, or the step did not meet: ``StopCheck``)."""
     c, window = trainer.c, trainer.window
     waited = time.perf_counter()
-    micro_batches = [next(batches) for _ in range(c.grad_accum)]  # fetched ahead, mostly
+    # From those fetched ahead (``fetch_next_step``), but at an epoch's first step.
+    micro_batches = [next(batches) for _ in range(c.grad_accum)]
     window.data_wait += time.perf_counter() - waited
     if trainer.bucket_layout_pending:
         settle_ddp_buckets(trainer, micro_batches[0])
@@ -101,21 +104,34 @@ class StepBatches:
 
     Why: a step reads its gradient's norm on the host (the skip decision), which waits for
     the device to finish the backward. A plain loop never waits, so its host fetches the next
-    batch while the device computes; fetched before that read, refddp's does too. A fetch
-    that fails is raised where it would have been without the early fetch, at the next
-    step's ``next``: the step fetched ahead of still updates, the error names the same step.
-    The batches themselves are the same: which are fetched depends on the sampler's position
-    only, and a sample's seed on (seed, epoch, index) (``SeededFetch``)."""
+    batch while the device computes; fetched before that read, refddp's does too.
 
-    def __init__(self, iterator: Any):
-        self.iterator = iterator
+    Fetched early, a batch is the one it would have been, drawn from the same random states:
+    which batch depends on the sampler's position only; torch's draws in a dataset's
+    ``__getitem__`` on (seed, epoch, index) (``SeededFetch``); and where a user's dataset is
+    fetched in this process (``--num-workers 0``: ``draws_here``), Python's and numpy's
+    global states, which it may draw from, are put back as they were after the early fetch
+    and moved on to where it left them when its batches are taken, as if fetched then (a
+    cost of ~20-200 us a step, so not paid where nothing can draw). So a checkpoint saved in
+    between holds the states from before the fetch, and a resumed run, which fetches the
+    batch then, draws what the uninterrupted run drew (``fetch_next_step`` fetches nothing before an
+    evaluation, which may draw too). A fetch that fails is raised where it would have been,
+    at the next step's ``next``: the step fetched ahead of still updates."""
+
+    def __init__(self, iterator: Any, draws_here: bool):
+        self.iterator, self.draws_here = iterator, draws_here
         self.ahead: collections.deque[Any] = collections.deque()
         self.failed: Exception | None = None  # raised once the batches before it are taken
+        self.states_after: tuple[Any, Any] | None = None  # Python's and numpy's, set at take
 
     def __iter__(self) -> StepBatches:
         return self
 
     def __next__(self) -> Any:
+        if self.states_after is not None:  # the fetch ahead happens now, for the RNGs
+            random.setstate(self.states_after[0])
+            np.random.set_state(self.states_after[1])
+            self.states_after = None
         if self.ahead:
             return self.ahead.popleft()
         if self.failed is not None:
@@ -125,18 +141,24 @@ class StepBatches:
 
     def fetch_ahead(self, count: int) -> None:
         """Fetch ``count`` batches now; an error (StopIteration too) waits for its turn."""
+        before = (random.getstate(), np.random.get_state()) if self.draws_here else None
         try:
             for _ in range(count):
                 self.ahead.append(next(self.iterator))
         except Exception as error:  # noqa: BLE001 (re-raised by __next__, in order)
             self.failed = error
+        if before is not None:
+            self.states_after = random.getstate(), np.random.get_state()
+            random.setstate(before[0])
+            np.random.set_state(before[1])
 
 
-def fetch_next_step(trainer: Any, batches: Any) -> None:
+def fetch_next_step(trainer: Any, batches: StepBatches) -> None:
     """Fetch the next step's micro-batches now (``StepBatches``), unless this step ends the
-    epoch or the run: nothing would take them."""
-    step = trainer.pos.step + 1  # this step's number (counted after the read)
-    if step % trainer.sampler.steps_per_epoch == 0 or step >= trainer.total_steps:
+    epoch or the run, where nothing would take them, or any other step an evaluation follows,
+    which may draw from the random states the fetch would move on."""
+    this_step = trainer.pos.step + 1  # (pos.step counts it after the read)
+    if trainer.evaluates_after(this_step):
         return
     waited = time.perf_counter()
     batches.fetch_ahead(trainer.c.grad_accum)

@@ -45,7 +45,7 @@ from refddp.training.sync_batchnorm import convert_sync_batchnorm
 from refddp.training.trackers.base import Run, Trackers
 from refddp.training.watchdog import HangWatchdog
 from refddp.training.window import Window
-from refddp.workload.data import GlobalBatchSampler, build_datasets, make_loader
+from refddp.workload.data import GlobalBatchSampler, TensorPairDataset, build_datasets, make_loader
 from refddp.workload.models import build_model, count_parameters
 
 log = logging.getLogger("refddp")
@@ -263,7 +263,9 @@ class Trainer:
         else:
             self.loader.dataset.epoch = self.epoch  # the samples' seeds (SeededFetch)
             self.loader.generator.manual_seed(loader_seed)  # the workers' seeds
-        return steps.StepBatches(iter(self.loader))
+        # A user's dataset fetched in this process may draw from Python's and numpy's RNGs.
+        draws_here = c.num_workers == 0 and not isinstance(self.train_set, TensorPairDataset)
+        return steps.StepBatches(iter(self.loader), draws_here)
 
     def train_step(self, batches: Any) -> int:
         """One training step (``refddp/training/steps.py``): forward and backward over
@@ -280,6 +282,17 @@ class Trainer:
         self.late_loss.agreed(agreed.previous_loss_sum)
         return agreed.signal
 
+    def evaluates_after(self, step: int) -> bool:
+        """Whether ``end_of_step`` evaluates after step ``step``: an epoch's or the run's last,
+        every ``eval_every``, or one a stop deferred."""
+        c = self.c
+        return (
+            self.pos.eval_pending
+            or step == self.total_steps
+            or step % self.sampler.steps_per_epoch == 0
+            or bool(c.eval_every and step % c.eval_every == 0)
+        )
+
     def end_of_step(self, signum: int, steps_this_run: int) -> bool:
         """Evaluate, save and stop, decided in one place; True when this invocation stops.
 
@@ -287,12 +300,7 @@ class Trainer:
         run does it first. ``stop_after`` lets it run, so the stop loses nothing.
         """
         c, step = self.c, self.pos.step
-        eval_due = (
-            self.pos.eval_pending
-            or step == self.total_steps
-            or step % self.sampler.steps_per_epoch == 0
-            or bool(c.eval_every and step % c.eval_every == 0)
-        )
+        eval_due = self.evaluates_after(step)
         stop_after = bool(c.stop_after) and steps_this_run >= c.stop_after
         stop_after = stop_after and step < self.total_steps
         due = eval_due or stop_after or bool(c.ckpt_every and step % c.ckpt_every == 0)

@@ -85,21 +85,37 @@ def test_teardown_logs_instead_of_raising_when_leaving_the_group_fails(monkeypat
 
 
 @pytest.mark.parametrize("version", [(2, 5), (2, 6), (2, 13)])
-@pytest.mark.parametrize("exiting", [True, False])
-def test_a_process_about_to_exit_leaves_the_group_except_on_torch_2_5(monkeypatch, version, exiting):
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("ends_unfinalized", [True, False])
+def test_a_process_about_to_exit_leaves_the_group_except_on_torch_2_5(
+    monkeypatch, version, backend, ends_unfinalized
+):
     """torch 2.5's destroy_process_group of a gloo group now and then hung after a finished
-    run; a rank that exits next (end_process) skips it there, and only there."""
+    run; a process that end_process ends skips it there, and only there."""
     import refddp.config.torch_support as support
     import refddp.launch.dist as rd
 
     left = []
     monkeypatch.setattr(support, "torch_version", lambda: version)
     monkeypatch.setattr(rd, "_owns_group", True)
+    monkeypatch.setattr(rd, "_ends_unfinalized", ends_unfinalized)
     monkeypatch.setattr(rd.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(rd.dist, "get_backend", lambda: backend)
     monkeypatch.setattr(rd.dist, "destroy_process_group", lambda: left.append(True))
-    rd.teardown(exiting=exiting)
-    assert left == ([] if exiting and version < (2, 6) else [True])
+    rd.teardown()
+    skipped = ends_unfinalized and version < (2, 6) and backend == "gloo"
+    assert left == ([] if skipped else [True])
     assert rd._owns_group is False
+
+
+def test_end_process_marks_its_process_as_one_that_exits_unfinalized():
+    done = subprocess.run(
+        [sys.executable, "-c", "import refddp.launch.dist as rd\n"
+         "from refddp.launch.exits import end_process\n"
+         "end_process(lambda: 0 if rd._ends_unfinalized else 5)"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def test_teardown_frees_the_run_before_it_leaves_the_group(monkeypatch):

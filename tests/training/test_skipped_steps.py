@@ -22,6 +22,7 @@ from tests.rank_tasks import TOKENS, fit, fit_full_weights
 from tests.step_tasks import (
     fit_checking_skipped_steps,
     fit_counting_host_reads,
+    fit_from_seeded_host_rngs,
     fit_recording_fetches,
     fit_until_a_batch_fails,
     reduced_as_ddp_does,
@@ -249,20 +250,42 @@ def test_the_next_steps_batches_are_fetched_before_a_step_waits_for_the_device(
     spawn, tmp_path, world_size, accumulation
 ):
     # The read waits for the backward (on a GPU) or the gradient's all-reduce (gloo); a plain
-    # loop's host fetches the next batch meanwhile, and so does refddp's: each step but an
-    # epoch's last fetches the next step's micro-batches before its read.
+    # loop's host fetches the next batch meanwhile, and so does refddp's: each step fetches
+    # the next step's micro-batches before its read, but where an evaluation follows (an
+    # epoch's last step, every eval_every). The watchdog's mark comes just before the fetch.
     for rank, found in enumerate(spawn(fit_recording_fetches, str(tmp_path), world_size=world_size,
-                                       grad_accum=accumulation, epochs=2)):  # fmt: skip
+                                       grad_accum=accumulation, epochs=2, eval_every=5)):  # fmt: skip
         per_epoch, fetches = found["steps_per_epoch"], ["fetch"] * accumulation
-        epoch = fetches + (fetches + ["read"]) * (per_epoch - 1) + ["read"]
         assert found["steps"] == 2 * per_epoch
-        assert found["events"] == epoch * 2, f"rank {rank}"
+        expected = []
+        for step in range(1, 2 * per_epoch + 1):
+            if step % per_epoch == 1 or per_epoch == 1 or step % 5 == 1:  # fetched at its start
+                expected += fetches
+            evaluates = step % per_epoch == 0 or step % 5 == 0
+            expected += ["progress"] + ([] if evaluates else fetches) + ["read"]
+        assert found["events"] == expected, f"rank {rank}"
+
+
+def test_an_exact_resume_after_a_batch_fetched_ahead_with_pythons_and_numpys_rngs(spawn, tmp_path):
+    # A dataset fetched in the process (--num-workers 0) that draws from Python's and numpy's
+    # global RNGs: SIGTERM after step 5 stops every rank after step 6, whose read came after
+    # step 7's batches were fetched; the checkpoint holds the states from before that fetch.
+    flags = {"data": "tests.user_code:worker_random_datasets", "num_workers": 0, "stop_check_s": 0}
+    straight = spawn(fit_from_seeded_host_rngs, str(tmp_path / "straight"), **flags)[0]
+    out = str(tmp_path / "run")
+    stopped = spawn(fit_from_seeded_host_rngs, out, signalled_after=5, **flags)
+    assert [r["step"] for r in stopped] == [6, 6]
+    resumed = spawn(fit_full_weights, out, **flags)[0]  # its states: the checkpoint's
+    assert resumed["step"] == straight["step"]
+    for key, value in straight["weights"].items():
+        assert torch.equal(resumed["weights"][key], value), key
 
 
 def test_a_batch_that_fails_to_load_fails_its_own_step_not_the_step_that_fetched_it(spawn, tmp_path):
     # Step 3's first item is fetched during step 2, before its update: the error waits for
-    # step 3, so step 2 still updates, as it did before batches were fetched ahead.
+    # step 3, so step 2 still updates, as it did before batches were fetched ahead (that they
+    # are fetched ahead is the test above's).
     [found] = spawn(fit_until_a_batch_fails, str(tmp_path), world_size=1, failing_item=2 * 4 + 1)
     assert found["batch_size"] == 4
     assert (found["step"], found["updates"]) == (2, 2)
-    assert found["error"] == "item 9: unreadable" or "unreadable" in found["error"]
+    assert found["error"] == f"item {found['failing']}: unreadable"

@@ -14,7 +14,10 @@ from refddp.training.trainer import Trainer
 from refddp.training.watchdog import HangWatchdog
 from tests.rank_tasks import fit, fit_recording_collectives, state_of, tiny_config
 
-FLAGS = {"epochs": 2, "ckpt_every": 4}
+# A stop check never due: the ranks' agreement all-reduces come with the stop check, due every
+# stop_check_s of training (by default 0.1 s), so a slower run would make more of them, and a
+# collective's number in the recorded run would name another in the run under the fault.
+FLAGS = {"epochs": 2, "ckpt_every": 4, "stop_check_s": 3600}
 
 
 def nth(log, signature, n):
@@ -60,7 +63,7 @@ def fit_watched(out, flags):
 
 
 def test_a_straggler_during_evaluation_changes_nothing_and_trips_no_watchdog(spawn, tmp_path):
-    flags = {"epochs": 2, "timeout": 4.0}
+    flags = {"epochs": 2, "timeout": 4.0, "stop_check_s": 3600}  # (see FLAGS)
     straight = spawn(fit_watched, str(tmp_path / "straight"), flags)
     log = spawn(fit_recording_collectives, str(tmp_path / "recorded"), **flags)[0]["log"]
     # The first evaluation's sums: the objective's four, samples and the stop flag.
