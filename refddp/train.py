@@ -44,6 +44,7 @@ from refddp.launch.slurm import srun_task
 from refddp.launch.torchrun import CONFIG_ENV, launch
 from refddp.training import trackers
 from refddp.training.watchdog import HangWatchdog
+from refddp.workload import host_random
 from refddp.workload.data import build_datasets
 from refddp.workload.models import build_model
 
@@ -201,6 +202,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(c.seed + ctx.rank)
+        host_random.seed(c.seed + ctx.rank)  # Python's and numpy's: a dataset may draw from them
         with HangWatchdog(stacks, c.timeout) as watchdog:
             if c.task == "train":
                 result = Trainer(c, ctx, watchdog).fit()

@@ -205,7 +205,8 @@ class TrainConfig:
         resume=APPLIED,
     )
     seed: int = _opt(
-        0, "seed for data generation, initialisation, shuffling and dropout", resume=REFUSED
+        0, "seed for data generation, initialisation, shuffling, dropout and each rank's "
+        "torch, Python and numpy random streams", resume=REFUSED
     )
     deterministic: bool = _opt(False, "use deterministic algorithms only", resume=APPLIED)
     strategy: str = _opt(

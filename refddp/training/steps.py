@@ -19,11 +19,9 @@ import collections
 import contextlib
 import logging
 import math
-import random
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -31,6 +29,7 @@ from refddp.launch.error_file import AGREED_STOP, record_error
 from refddp.training import skips
 from refddp.training.skips import spread_nonfinite
 from refddp.training.step_agreement import NonFiniteStep, ranks_with_nonfinite_loss
+from refddp.workload import host_random
 from refddp.workload.objectives.batches import to_device
 
 log = logging.getLogger("refddp")
@@ -129,8 +128,7 @@ class StepBatches:
 
     def __next__(self) -> Any:
         if self.states_after is not None:  # the fetch ahead happens now, for the RNGs
-            random.setstate(self.states_after[0])
-            np.random.set_state(self.states_after[1])
+            host_random.set_states(self.states_after)
             self.states_after = None
         if self.ahead:
             return self.ahead.popleft()
@@ -141,16 +139,15 @@ class StepBatches:
 
     def fetch_ahead(self, count: int) -> None:
         """Fetch ``count`` batches now; an error (StopIteration too) waits for its turn."""
-        before = (random.getstate(), np.random.get_state()) if self.draws_here else None
+        before = host_random.states() if self.draws_here else None
         try:
             for _ in range(count):
                 self.ahead.append(next(self.iterator))
         except Exception as error:  # noqa: BLE001 (re-raised by __next__, in order)
             self.failed = error
         if before is not None:
-            self.states_after = random.getstate(), np.random.get_state()
-            random.setstate(before[0])
-            np.random.set_state(before[1])
+            self.states_after = host_random.states()
+            host_random.set_states(before)
 
 
 def fetch_next_step(trainer: Any, batches: StepBatches) -> None:

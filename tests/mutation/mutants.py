@@ -2104,10 +2104,15 @@ MUTANTS = (
     ),
     Mutant(
         "host-rngs-moved-by-the-fetch-ahead", "the next step's batches are fetched before the read",
-        STEPS, "            random.setstate(before[0])\n            np.random.set_state(before[1])\n",
-        "",
+        STEPS, "            host_random.set_states(before)\n", "",
         (f"{T_SKIPPED_STEPS}::test_an_exact_resume_after_a_batch_fetched_ahead_with_pythons_and"
          "_numpys_rngs",),
+    ),
+    Mutant(
+        "host-rngs-unseeded-at-start", "a fresh run's in-process draws are reproducible",
+        "refddp/train.py", "        host_random.seed(c.seed + ctx.rank)", "        pass",
+        (f"{T_MODELS}::test_a_dataset_drawing_from_python_and_numpy_in_the_process_trains_alike"
+         "_in_every_fresh_run",),
     ),
     Mutant(
         "fetch-error-raised-early", "the next step's batches are fetched before the read", STEPS,

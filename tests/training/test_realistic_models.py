@@ -107,3 +107,14 @@ def test_resume_at_an_epoch_boundary_repeats_augmentation_drawn_from_the_workers
     resumed = run_cli("--nproc", 1, out="stopped", **flags)
     assert "at epoch 2, step 24" in resumed.stderr
     assert_same_weights(resumed.weights(), straight.weights())
+
+
+def test_a_dataset_drawing_from_python_and_numpy_in_the_process_trains_alike_in_every_fresh_run(
+    run_cli, tiny
+):
+    # Noise from Python's `random` and numpy's global RNG, fetched in the rank's own process
+    # (--num-workers 0): only the run's seeding of both at start makes two fresh runs equal.
+    flags = {**tiny, "epochs": 1, "num_workers": 0, "data": "tests.user_code:worker_random_datasets"}
+    first = run_cli("--nproc", 1, out="first", **flags)
+    second = run_cli("--nproc", 1, out="second", **flags)
+    assert_same_weights(first.weights(), second.weights())

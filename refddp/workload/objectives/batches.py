@@ -8,15 +8,14 @@ a tuple's last element, a dict's ``labels``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import default_collate
 
 from refddp.config.schema import ConfigError
+from refddp.workload import host_random
 
 LABELS = "labels"  # a dict batch's targets (the Hugging Face convention)
 IGNORE_INDEX = -100  # a target position that counts for nothing (padding): torch's and HF's
@@ -102,11 +101,10 @@ def first_batch(dataset: Any, size: int) -> Any:
 
     Random augmentation in ``__getitem__`` must not shift the run's random streams: fetched
     under a fixed seed, with torch's, Python's and numpy's generators restored after."""
-    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    torch_state, others = torch.get_rng_state(), host_random.states()
     try:
         torch.default_generator.manual_seed(0)  # the CPU's only: manual_seed reseeds GPUs
         return default_collate([dataset[i] for i in range(min(size, len(dataset)))])
     finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
+        torch.set_rng_state(torch_state)
+        host_random.set_states(others)
