@@ -144,6 +144,10 @@ def main() -> None:
                         "on in the same pool, ROTATIONS times each, interleaved")
     parser.add_argument("--name", default="harness_scale", help="results/NAME.json")
     args = parser.parse_args()
+    for flag, value, least in (("--sizes", min(args.sizes), 1), ("--warm-calls", args.warm_calls, 1),
+                               ("--check-cost", args.check_cost, 0)):  # fmt: skip
+        if value < least:
+            parser.error(f"{flag} must be at least {least}, got {value}")
     load_before = os.getloadavg()
     begin = time.perf_counter()
     rank_server.server()

@@ -108,14 +108,14 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
     loader = job.loader(train, job.global_batch // world, device.type, sampler=sampler,
                         drop_last=True)  # fmt: skip
 
-    epochs: dict[int, object] = {}  # each Trainer's epoch's batches, kept across its blocks
+    epochs: dict[str, object] = {}  # each loop's epoch's batches, kept across its blocks
 
-    def refddp_block(trainer: Trainer) -> float:
+    def refddp_block(name: str, trainer: Trainer) -> float:
         # A new epoch's iterator only where an epoch starts: within one, the step fetches the
         # next step's batches ahead (refddp/training/steps.py), as it does in a run.
-        if trainer.pos.step % trainer.sampler.steps_per_epoch == 0 or id(trainer) not in epochs:
-            epochs[id(trainer)] = trainer.epoch_batches()
-        batches = epochs[id(trainer)]
+        if trainer.pos.step % trainer.sampler.steps_per_epoch == 0 or name not in epochs:
+            epochs[name] = trainer.epoch_batches()
+        batches = epochs[name]
         sync()
         begin = time.perf_counter()
         for _ in range(steps):
@@ -137,7 +137,7 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
         sync()
         return (time.perf_counter() - begin) / steps
 
-    loops = [(name, functools.partial(refddp_block, t)) for name, t in trainers.items()]
+    loops = [(name, functools.partial(refddp_block, name, t)) for name, t in trainers.items()]
     loops.append(("plain", plain_block))
     times: dict[str, list[float]] = {name: [] for name, _ in loops}
     orders = list(itertools.permutations(loops))  # in turn: no loop always follows the same one

@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from refddp.config.validation import seconds_error
 from refddp.testing.nodes.namespaces import (
     PREFIX,
     holder_command,
@@ -242,9 +243,10 @@ class Cluster:
         """Node ``k`` runs ``share`` of the time, until ``unthrottle(k)``: every ``period_s``
         its processes are stopped (SIGSTOP) for the rest of the period, then continued: a
         machine with less CPU, as the other nodes see it."""
-        if not 0 < share < 1 or period_s <= 0:
-            raise ValueError(f"share must be between 0 and 1 and period_s over 0, not {share} "
-                             f"and {period_s}")  # fmt: skip
+        if not 0 < share < 1:  # (NaN fails too)
+            raise ValueError(f"throttle: share must lie between 0 and 1 (exclusive), got {share!r}")
+        if seconds_error(period_s):  # a NaN period ended the duty cycle's thread at once
+            raise ValueError(f"throttle: period_s: {seconds_error(period_s)}")
         self.unthrottle(k)
         done = threading.Event()
 

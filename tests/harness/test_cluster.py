@@ -12,6 +12,7 @@ reason, where neither can be made.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -311,3 +312,13 @@ def test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report(tmp_path, t
     records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     behind = [r["behind_ranks"] for r in records if "behind_ranks" in r]
     assert behind[-3:] == [[2, 3]] * 3, behind
+
+
+def test_a_throttle_that_could_not_run_is_refused_with_one_line():
+    # A NaN period passed the old check and ended the duty cycle's thread at its first sleep,
+    # so the node ran at full speed while the test believed it slow.
+    with Cluster(1) as cluster:
+        for share, period_s in ((0.5, math.nan), (0.5, math.inf), (0.5, 0.0), (0.5, -0.02),
+                                (math.nan, 0.02), (1.0, 0.02), (0.0, 0.02)):  # fmt: skip
+            with pytest.raises(ValueError, match=r"^throttle: (share|period_s)"):
+                cluster.throttle(0, share=share, period_s=period_s)

@@ -2109,6 +2109,11 @@ MUTANTS = (
          "_numpys_rngs",),
     ),
     Mutant(
+        "throttle-period-unchecked", "a throttle that could not run is refused", CLUSTER,
+        "        if seconds_error(period_s):", "        if period_s <= 0:",
+        (f"{T_CLUSTER}::test_a_throttle_that_could_not_run_is_refused_with_one_line",),
+    ),
+    Mutant(
         "host-rngs-unseeded-at-start", "a fresh run's in-process draws are reproducible",
         "refddp/train.py", "        host_random.seed(c.seed + ctx.rank)", "        pass",
         (f"{T_MODELS}::test_a_dataset_drawing_from_python_and_numpy_in_the_process_trains_alike"
