@@ -353,8 +353,8 @@ def fit_until_a_batch_fails(out: str, failing_item: int, **overrides) -> dict:
 def fit_from_seeded_host_rngs(out: str, signalled_after: int = 0, **overrides) -> dict:
     """``fit_full_weights`` (or, with ``signalled_after``, ``fit_signalled_after_step`` with
     SIGTERM to rank 1 after that step) from Python's and numpy's global RNGs seeded by rank:
-    ``python -m refddp.train`` seeds torch's only, so runs compared draw from the same
-    streams."""
+    a spawned task does not pass through ``run_rank``, which seeds them, so runs compared draw
+    from the same streams."""
     import random
 
     import numpy as np

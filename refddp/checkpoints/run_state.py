@@ -227,8 +227,11 @@ def restore(
     rng = state.get("rng_states") or []
     if len(rng) == world_size:
         set_rng_state(rng[rank])
-    else:  # another world size: a fresh, still deterministic, stream per rank
-        torch.manual_seed(c.seed + 7919 * step + rank)
+    else:  # another world size: fresh, still deterministic, streams per rank
+        fresh = c.seed + 7919 * step + rank
+        torch.manual_seed(fresh)
+        random.seed(fresh % 2**64)  # Python's and numpy's too, as at a run's start
+        np.random.seed(fresh % 2**32)
     window = dict(state.get("train_window") or {})
     losses = window.pop("loss", [])
     if window.pop("loss_unit", None) != "target" and losses:

@@ -245,7 +245,7 @@ class Cluster:
         machine with less CPU, as the other nodes see it."""
         if not 0 < share < 1:  # (NaN fails too)
             raise ValueError(f"throttle: share must lie between 0 and 1 (exclusive), got {share!r}")
-        if seconds_error(period_s):  # a NaN period ended the duty cycle's thread at once
+        if seconds_error(period_s):  # (time.sleep(NaN) raises in the duty cycle's thread)
             raise ValueError(f"throttle: period_s: {seconds_error(period_s)}")
         self.unthrottle(k)
         done = threading.Event()

@@ -17,10 +17,11 @@ import numpy as np
 
 
 def seed(value: int) -> None:
-    """Seed both from ``value`` (numpy takes it modulo 2**32): a fresh run's in-process draws
-    (a dataset fetched in this process, ``--num-workers 0``) are then the same every run.
-    Loader workers seed their own from the loader's generator."""
-    random.seed(value)
+    """Seed both from ``value`` (modulo 2**64 and 2**32: Python seeds with ``abs``, which
+    would give -1 and 1 one stream): a fresh run's in-process draws (a dataset fetched in
+    this process, ``--num-workers 0``) are then the same every run. Loader workers seed
+    their own from the loader's generator."""
+    random.seed(value % 2**64)
     np.random.seed(value % 2**32)
 
 

@@ -315,8 +315,8 @@ def test_a_slow_node_is_named_with_its_ranks_by_the_straggler_report(tmp_path, t
 
 
 def test_a_throttle_that_could_not_run_is_refused_with_one_line():
-    # A NaN period passed the old check and ended the duty cycle's thread at its first sleep,
-    # so the node ran at full speed while the test believed it slow.
+    # time.sleep(NaN) raises in the duty cycle's thread: the node would run at full speed
+    # while the test believed it slow.
     with Cluster(1) as cluster:
         for share, period_s in ((0.5, math.nan), (0.5, math.inf), (0.5, 0.0), (0.5, -0.02),
                                 (math.nan, 0.02), (1.0, 0.02), (0.0, 0.02)):  # fmt: skip
