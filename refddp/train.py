@@ -30,6 +30,7 @@ from refddp.config.validation import (
     refuse_checkpoint_imports,
     validate,
 )
+from refddp.launch import host_random
 from refddp.launch.dist import (
     DistContext,
     RankZeroError,
@@ -44,7 +45,6 @@ from refddp.launch.slurm import srun_task
 from refddp.launch.torchrun import CONFIG_ENV, launch
 from refddp.training import trackers
 from refddp.training.watchdog import HangWatchdog
-from refddp.workload import host_random
 from refddp.workload.data import build_datasets
 from refddp.workload.models import build_model
 

@@ -293,6 +293,17 @@ def worker_random_datasets(config):
     return WorkerRandomDataset(train), val
 
 
+def host_draws_datasets(config):
+    """The synthetic data; first, in a rank's process (not the launcher's check of the
+    data), this rank's first draws from Python's and numpy's RNGs, as a dataset built there
+    would draw them, written to ``$REFDDP_TEST_DRAWS/rank<RANK>.txt``."""
+    if "RANK" in os.environ:
+        path = os.path.join(os.environ["REFDDP_TEST_DRAWS"], f"rank{os.environ['RANK']}.txt")
+        with open(path, "w") as f:
+            f.write(f"{random.random()!r} {float(np.random.rand())!r}\n")
+    return synthetic(config)
+
+
 MARK = 1234.0  # the first feature of the one training sample ``marked_datasets`` marks
 
 

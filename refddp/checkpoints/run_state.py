@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -28,6 +27,7 @@ from refddp.config.schema import (
     TrainConfig,
 )
 from refddp.config.validation import per_rank_batch_size
+from refddp.launch import host_random
 
 FORMAT_VERSION = 1  # bump when a key changes meaning; loading refuses newer checkpoints
 REQUIRED_KEYS = (
@@ -230,8 +230,7 @@ def restore(
     else:  # another world size: fresh, still deterministic, streams per rank
         fresh = c.seed + 7919 * step + rank
         torch.manual_seed(fresh)
-        random.seed(fresh % 2**64)  # Python's and numpy's too, as at a run's start
-        np.random.seed(fresh % 2**32)
+        host_random.seed(fresh)  # Python's and numpy's too, as at a run's start
     window = dict(state.get("train_window") or {})
     losses = window.pop("loss", [])
     if window.pop("loss_unit", None) != "target" and losses:
@@ -328,10 +327,10 @@ def check_model_compatible(model: nn.Module, state: dict[str, Any], path: str) -
 
 def rng_state() -> dict[str, Any]:
     """This process's random states, in types weights_only loading accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    python, (kind, keys, pos, has_gauss, gauss) = host_random.states()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
+        "python": python,
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -342,8 +341,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what ``rng_state`` saved."""
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    numpy_state = (kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
+    host_random.set_states((state["python"], numpy_state))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])

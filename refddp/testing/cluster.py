@@ -34,6 +34,7 @@ it (the ``ip`` calls, the user-namespace holder, the reaper, the removal of name
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import select
 import shutil
@@ -92,6 +93,18 @@ def unavailable_to_ranks() -> str | None:
                 "CAP_NET_ADMIN: a rank joins its node's namespaces); without them a Cluster "
                 "runs whole commands on nodes")  # fmt: skip
     return None
+
+
+def throttle_error(share: float, period_s: float) -> str:
+    """Why ``Cluster.throttle`` cannot run with these arguments ("" if it can): a ``share``
+    outside (0, 1) or a ``period_s`` that is not a positive number of seconds. Checked before
+    the duty cycle's thread starts: ``time.sleep(NaN)`` raises there, and the node would run
+    at full speed while the test believed it slow."""
+    if not (isinstance(share, numbers.Real) and 0 < share < 1):  # (NaN fails too)
+        return f"share must lie between 0 and 1 (exclusive), got {share!r}"
+    if seconds_error(period_s):
+        return f"period_s: {seconds_error(period_s)}"
+    return ""
 
 
 class Cluster:
@@ -243,10 +256,9 @@ class Cluster:
         """Node ``k`` runs ``share`` of the time, until ``unthrottle(k)``: every ``period_s``
         its processes are stopped (SIGSTOP) for the rest of the period, then continued: a
         machine with less CPU, as the other nodes see it."""
-        if not 0 < share < 1:  # (NaN fails too)
-            raise ValueError(f"throttle: share must lie between 0 and 1 (exclusive), got {share!r}")
-        if seconds_error(period_s):  # (time.sleep(NaN) raises in the duty cycle's thread)
-            raise ValueError(f"throttle: period_s: {seconds_error(period_s)}")
+        error = throttle_error(share, period_s)
+        if error:
+            raise ValueError(f"throttle: {error}")
         self.unthrottle(k)
         done = threading.Event()
 

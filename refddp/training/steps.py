@@ -25,11 +25,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from refddp.launch import host_random
 from refddp.launch.error_file import AGREED_STOP, record_error
 from refddp.training import skips
 from refddp.training.skips import spread_nonfinite
 from refddp.training.step_agreement import NonFiniteStep, ranks_with_nonfinite_loss
-from refddp.workload import host_random
 from refddp.workload.objectives.batches import to_device
 
 log = logging.getLogger("refddp")

@@ -1,6 +1,7 @@
 """The pytest plugin, driven through pytester in a subprocess, as a user's project would run it."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -267,6 +268,8 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
                  "spawn(timeout=...): expected a number of seconds > 0, at most a week, got nan",
                  "multiproc(timeout=...): expected a number of seconds > 0, at most a week, got "
                  "1000000000000",
-                 "timeout: expected a number of seconds > 0, at most a week, got inf"):  # fmt: skip
+                 "TestCase.timeout: expected a number of seconds > 0, at most a week, got "
+                 "inf"):  # fmt: skip
         assert line in out, out
     assert "RankTimeout" not in out and "selectors" not in out
+    assert "Traceback" not in out and not re.search(r"\.py:\d+", out), out  # one line each, no frame

@@ -1292,6 +1292,12 @@ MUTANTS = (
         ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
     ),
     Mutant(
+        "unittest-timeout-with-a-traceback", "bad input is one line naming the field",
+        "refddp/testing/driver/unittest_case.py", "        why = seconds_error(self.timeout)\n",
+        '        why = ""\n',
+        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
+    ),
+    Mutant(
         "dist-timeout-option-unchecked", "bad input is one line naming the field",
         "refddp/testing/plugin.py", "        type=_seconds_option,", "        type=float,",
         ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
@@ -2110,14 +2116,29 @@ MUTANTS = (
     ),
     Mutant(
         "throttle-period-unchecked", "a throttle that could not run is refused", CLUSTER,
-        "        if seconds_error(period_s):", "        if period_s <= 0:",
-        (f"{T_CLUSTER}::test_a_throttle_that_could_not_run_is_refused_with_one_line",),
+        "    if seconds_error(period_s):", "    if period_s <= 0:",
+        ("tests/harness/test_cluster_checks.py",
+         f"{T_CLUSTER}::test_a_throttle_that_could_not_run_is_refused_with_one_line"),
+    ),
+    Mutant(
+        "throttle-share-unchecked", "a throttle that could not run is refused", CLUSTER,
+        "    if not (isinstance(share, numbers.Real) and 0 < share < 1):",
+        "    if not share < 1:",
+        ("tests/harness/test_cluster_checks.py",
+         f"{T_CLUSTER}::test_a_throttle_that_could_not_run_is_refused_with_one_line"),
     ),
     Mutant(
         "host-rngs-unseeded-at-start", "a fresh run's in-process draws are reproducible",
         "refddp/train.py", "        host_random.seed(c.seed + ctx.rank)", "        pass",
         (f"{T_MODELS}::test_a_dataset_drawing_from_python_and_numpy_in_the_process_trains_alike"
          "_in_every_fresh_run",),
+    ),
+    Mutant(
+        "host-rngs-seeded-alike-on-every-rank", "a fresh run's in-process draws are reproducible",
+        "refddp/train.py", "        host_random.seed(c.seed + ctx.rank)",
+        "        host_random.seed(c.seed)",
+        (f"{T_MODELS}::test_each_rank_draws_its_own_python_and_numpy_streams_the_same_in_every"
+         "_fresh_run",),
     ),
     Mutant(
         "fetch-error-raised-early", "the next step's batches are fetched before the read", STEPS,

@@ -118,3 +118,19 @@ def test_a_dataset_drawing_from_python_and_numpy_in_the_process_trains_alike_in_
     first = run_cli("--nproc", 1, out="first", **flags)
     second = run_cli("--nproc", 1, out="second", **flags)
     assert_same_weights(first.weights(), second.weights())
+
+
+def test_each_rank_draws_its_own_python_and_numpy_streams_the_same_in_every_fresh_run(
+    run_cli, tiny, tmp_path
+):
+    # Seeded from --seed + the rank: ranks that drew one stream would add the same noise to
+    # their different samples, and every fresh run must still draw what the last one did.
+    draws = {}
+    for run in ("first", "second"):
+        folder = tmp_path / f"draws_{run}"
+        folder.mkdir()
+        run_cli("--nproc", 2, out=run, env={"REFDDP_TEST_DRAWS": str(folder)},
+                **{**tiny, "epochs": 1, "data": "tests.user_code:host_draws_datasets"})  # fmt: skip
+        draws[run] = [(folder / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert draws["first"][0] != draws["first"][1]
+    assert draws["first"] == draws["second"]

@@ -27,6 +27,8 @@ import unittest
 from collections.abc import Mapping
 from typing import Any
 
+from refddp.config.validation import seconds_error
+
 DEFAULT_WORLD_SIZE = 4  # MultiProcessTestCase's
 
 
@@ -106,7 +108,7 @@ class DistributedTestCase(unittest.TestCase):
         try:
             key = PoolKey(self.world_size, pool_backend(self.backend),
                           _option("dist_debug", True))  # fmt: skip
-            deadline = self.timeout or _option("dist_timeout", DEFAULT_TIMEOUT_S)
+            deadline = self._deadline(DEFAULT_TIMEOUT_S)
             file_name = _new_file()
             case = (type(self), self._testMethodName, file_name)
             try:
@@ -127,6 +129,29 @@ class DistributedTestCase(unittest.TestCase):
         finally:
             result.stopTest(self)
         return result
+
+
+    def _deadline(self, default: float) -> float:
+        """``timeout``, else ``--dist-timeout`` under pytest, else ``default``; a ``timeout``
+        that is no number of seconds fails the test before any rank runs, in one line naming
+        the attribute."""
+        if self.timeout is None:
+            return _option("dist_timeout", default)
+        why = seconds_error(self.timeout)
+        if why:
+            _fail_in_one_line(f"{type(self).__name__}.timeout: {why}")
+        return self.timeout
+
+
+def _fail_in_one_line(message: str) -> None:
+    """Under pytest, its failure without a traceback (``pytest.fail``: a BaseException, which
+    passes ``run``'s handlers to pytest's report); under ``unittest``, a ValueError, reported
+    as an error with its traceback."""
+    if _option("dist_timeout", None) is not None:
+        import pytest
+
+        pytest.fail(message, pytrace=False)
+    raise ValueError(message)
 
 
 def pool_backend(backend: str) -> str:

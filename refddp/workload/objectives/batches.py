@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import default_collate
 
 from refddp.config.schema import ConfigError
-from refddp.workload import host_random
+from refddp.launch import host_random
 
 LABELS = "labels"  # a dict batch's targets (the Hugging Face convention)
 IGNORE_INDEX = -100  # a target position that counts for nothing (padding): torch's and HF's

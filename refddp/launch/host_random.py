@@ -2,10 +2,11 @@
 augmentation or model code may draw from besides torch's.
 
 torch's generators are seeded and restored where refddp draws from them (``SeededFetch``, the
-checkpoint's ``rng_states``). These two are seeded at a run's start (``seed``), and saved and
-put back around a draw that must not move them (``states`` / ``set_states``: the first batch
-a loss checks, a batch fetched ahead of its step). A checkpoint saves and restores them in its
-own weights-only types (``refddp/checkpoints/run_state.py``, which may not import this part).
+checkpoint's ``rng_states``). These two are seeded at a run's start and at a resume at another
+world size (``seed``), and saved and put back (``states`` / ``set_states``) around a draw that
+must not move them (the first batch a loss checks, a batch fetched ahead of its step) and by a
+checkpoint (``refddp/checkpoints/run_state.py``, which stores them in weights-only types). They
+live in ``launch`` because the workload, the checkpoints and the training all use them.
 """
 
 from __future__ import annotations
