@@ -95,11 +95,11 @@ def unavailable_to_ranks() -> str | None:
     return None
 
 
-def throttle_error(share: float, period_s: float) -> str:
+def throttle_error(share: Any, period_s: Any) -> str:
     """Why ``Cluster.throttle`` cannot run with these arguments ("" if it can): a ``share``
-    outside (0, 1) or a ``period_s`` that is not a positive number of seconds. Checked before
-    the duty cycle's thread starts: ``time.sleep(NaN)`` raises there, and the node would run
-    at full speed while the test believed it slow."""
+    that is no number in (0, 1), or a ``period_s`` that is no number of seconds > 0 and at most
+    a week. Checked before the duty cycle's thread starts: ``time.sleep(NaN)`` raises there,
+    and the node would run at full speed while the test believed it slow."""
     if not (isinstance(share, numbers.Real) and 0 < share < 1):  # (NaN fails too)
         return f"share must lie between 0 and 1 (exclusive), got {share!r}"
     if seconds_error(period_s):

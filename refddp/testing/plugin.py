@@ -158,6 +158,12 @@ def pytest_runtestloop(session: pytest.Session) -> Any:
         _stop_pools_and_leases()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global session_config
+    if session_config is config:  # (an in-process pytest.main's session ends with it)
+        session_config = None
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _stop_pools_and_leases()  # a session interrupted before its test loop
 

@@ -142,6 +142,27 @@ def test_a_multiprocesstestcase_suite_runs_on_every_rank_after_changing_its_base
     assert default.wasSuccessful() and default.testsRun == 1, "4 ranks, as MultiProcessTestCase"
 
 
+def test_a_timeout_that_is_no_deadline_is_one_line_for_a_result_a_suite_made_itself():
+    # Inside this pytest session too: the refusal goes to the result the suite passed (pytest's
+    # own failure would leave this run with no error and skip the class's other methods).
+    from refddp.testing import DistributedTestCase
+
+    class NoDeadline(DistributedTestCase):
+        timeout = float("nan")
+
+        def test_one(self):
+            pass
+
+        def test_two(self):
+            pass
+
+    result = run_suite(NoDeadline)
+    assert result.testsRun == 2 and not result.failures
+    said = [text for _, text in result.errors]
+    assert said == ["ValueError: NoDeadline.timeout: expected a number of seconds > 0, at most "
+                    "a week, got nan\n"] * 2, said  # fmt: skip
+
+
 def test_pytorch_style_tests_pass_with_only_the_base_class_changed():
     pytest.importorskip("expecttest")  # torch.testing._internal.common_utils needs it
     from tests.unittest_cases import TorchStyleSuite

@@ -1295,7 +1295,16 @@ MUTANTS = (
         "unittest-timeout-with-a-traceback", "bad input is one line naming the field",
         "refddp/testing/driver/unittest_case.py", "        why = seconds_error(self.timeout)\n",
         '        why = ""\n',
-        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",),
+        ("tests/harness/test_plugin.py::test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_where",
+         "tests/harness/test_harness_parity.py::test_a_timeout_that_is_no_deadline_is_one_line_for"
+         "_a_result_a_suite_made_itself"),
+    ),
+    Mutant(
+        "unittest-timeout-fails-past-the-suites-result", "bad input is one line naming the field",
+        "refddp/testing/driver/unittest_case.py",
+        '    if type(result).__module__ == "_pytest.unittest":', "    if True:",
+        ("tests/harness/test_harness_parity.py::test_a_timeout_that_is_no_deadline_is_one_line_for"
+         "_a_result_a_suite_made_itself",),
     ),
     Mutant(
         "dist-timeout-option-unchecked", "bad input is one line naming the field",

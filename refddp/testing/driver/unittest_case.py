@@ -106,9 +106,13 @@ class DistributedTestCase(unittest.TestCase):
         result = result if result is not None else self.defaultTestResult()
         result.startTest(self)
         try:
+            refused = self._timeout_error()
+            if refused:  # before any rank runs
+                _report_in_one_line(self, result, refused)
+                return result
             key = PoolKey(self.world_size, pool_backend(self.backend),
                           _option("dist_debug", True))  # fmt: skip
-            deadline = self._deadline(DEFAULT_TIMEOUT_S)
+            deadline = self.timeout or _option("dist_timeout", DEFAULT_TIMEOUT_S)
             file_name = _new_file()
             case = (type(self), self._testMethodName, file_name)
             try:
@@ -130,28 +134,26 @@ class DistributedTestCase(unittest.TestCase):
             result.stopTest(self)
         return result
 
-
-    def _deadline(self, default: float) -> float:
-        """``timeout``, else ``--dist-timeout`` under pytest, else ``default``; a ``timeout``
-        that is no number of seconds fails the test before any rank runs, in one line naming
-        the attribute."""
+    def _timeout_error(self) -> str:
+        """Why ``timeout`` is no deadline, naming the attribute ("" if it is one, or None: the
+        default, ``--dist-timeout`` under pytest, else 60 s)."""
         if self.timeout is None:
-            return _option("dist_timeout", default)
+            return ""
         why = seconds_error(self.timeout)
-        if why:
-            _fail_in_one_line(f"{type(self).__name__}.timeout: {why}")
-        return self.timeout
+        return f"{type(self).__name__}.timeout: {why}" if why else ""
 
 
-def _fail_in_one_line(message: str) -> None:
-    """Under pytest, its failure without a traceback (``pytest.fail``: a BaseException, which
-    passes ``run``'s handlers to pytest's report); under ``unittest``, a ValueError, reported
-    as an error with its traceback."""
-    if _option("dist_timeout", None) is not None:
+def _report_in_one_line(case: unittest.TestCase, result: Any, message: str) -> None:
+    """``message`` as the test's error, without a traceback. pytest's own report (its
+    unittest item is the result) takes no exception without frames: there, its one-line
+    failure (``pytest.fail``, a BaseException that passes ``run``'s handlers). Any other
+    result, a runner's or one a suite made for itself, gets a ValueError without frames,
+    which unittest prints as that one line."""
+    if type(result).__module__ == "_pytest.unittest":
         import pytest
 
         pytest.fail(message, pytrace=False)
-    raise ValueError(message)
+    result.addError(case, (ValueError, ValueError(message), None))
 
 
 def pool_backend(backend: str) -> str:
