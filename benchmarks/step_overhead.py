@@ -12,7 +12,8 @@ optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
 model), in alternating blocks of ``--steps`` steps. Both loops see the same machine at nearly
 the same moment, so the median time per step of each, and their ratio, is steady to a few
 percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
-not steps.
+not steps. Each loop's minor page faults a step are reported beside its time: pages the C
+allocator took fresh from the kernel, a cost the same operations pay differently in each loop.
 
 ``--device cuda``: NCCL ranks of one GPU each; the plain loop runs torch's fused AdamW and
 copies pinned batches with ``non_blocking``, as plain_ddp_loop.py does, and each block is
@@ -34,6 +35,7 @@ import functools
 import itertools
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -76,15 +78,18 @@ def rank_main(model_name: str, args: argparse.Namespace, out: str) -> None:
         trainers = {"refddp": Trainer(c, ctx, watchdog)}
         if variant:
             trainers["variant"] = Trainer(config(shlex.split(variant)), ctx, watchdog)
-        times = measure(trainers, job, torch.device(ctx.device), world, rank, args)
+        times, faults = measure(trainers, job, torch.device(ctx.device), world, rank, args)
     if rank == 0:
-        print(json.dumps(times), flush=True)
+        print(json.dumps({"times": times, "faults": faults}), flush=True)
     dist.destroy_process_group()
 
 
 def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world: int,
-            rank: int, args: argparse.Namespace) -> dict:  # fmt: skip
-    """Seconds per step of each loop, per block (after two warm-up blocks of each)."""
+            rank: int, args: argparse.Namespace) -> tuple[dict, dict]:  # fmt: skip
+    """Seconds per step of each loop, per block (after two warm-up blocks of each), and the
+    process's minor page faults per step in each block: a fault is a page the allocator took
+    fresh from the kernel, which the kernel zeroes, so a loop whose allocations the C
+    allocator keeps returning and taking back pays for it in time, on the same operations."""
     blocks, steps = args.blocks, args.steps
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else lambda: None
@@ -140,15 +145,19 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
     loops = [(name, functools.partial(refddp_block, name, t)) for name, t in trainers.items()]
     loops.append(("plain", plain_block))
     times: dict[str, list[float]] = {name: [] for name, _ in loops}
+    faults: dict[str, list[float]] = {name: [] for name, _ in loops}
     orders = list(itertools.permutations(loops))  # in turn: no loop always follows the same one
     for block in range(blocks + 2):  # the first two of each warm up
         for name, run in orders[block % len(orders)]:
             if world > 1:
                 dist.barrier()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = run()
             if block >= 2:
                 times[name].append(t)
-    return times
+                faults[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                                     - before) / steps)  # fmt: skip
+    return times, faults
 
 
 def main() -> None:
@@ -183,20 +192,24 @@ def main() -> None:
                                       cwd=os.path.dirname(HERE))  # fmt: skip
             if proc.returncode != 0:
                 raise SystemExit(f"{model} at {ranks} rank(s) failed:\n{proc.stderr[-3000:]}")
-            times = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+            measured = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+            times, faults = measured["times"], measured["faults"]
             med = {k: statistics.median(v) for k, v in times.items()}
             paired = statistics.median(a / b for a, b in zip(times["refddp"], times["plain"], strict=True))
             entry = {"model": model, "ranks": ranks, "amp": args.amp, "compile": args.compile,
                      "median_step_s": med, "blocks": times,
                      "throughput_vs_plain": med["plain"] / med["refddp"],
                      "paired_throughput_vs_plain": 1 / paired,
-                     "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6}  # fmt: skip
+                     "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6,
+                     "minor_page_faults_per_step": {k: statistics.median(v)
+                                                    for k, v in faults.items()}}  # fmt: skip
             results.append(entry)
             rows.append(
                 f"{model:6} {ranks} rank(s) | step: refddp {med['refddp'] * 1e3:7.3f} ms, plain "
                 f"{med['plain'] * 1e3:7.3f} ms | refddp/plain throughput "
                 f"{entry['throughput_vs_plain']:.3f}x (paired blocks {entry['paired_throughput_vs_plain']:.3f}x)"
-                f" | overhead {entry['overhead_us_per_step']:+.0f} us/step"
+                f" | overhead {entry['overhead_us_per_step']:+.0f} us/step | page faults a step: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in entry["minor_page_faults_per_step"].items())
             )
             if "variant" in med:
                 entry["variant"] = args.variant
