@@ -12,8 +12,10 @@ optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
 model), in alternating blocks of ``--steps`` steps. Both loops see the same machine at nearly
 the same moment, so the median time per step of each, and their ratio, is steady to a few
 percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
-not steps. Each loop's minor page faults a step are reported beside its time: pages the C
-allocator took fresh from the kernel, a cost the same operations pay differently in each loop.
+not steps. Each loop's minor page faults a step are reported beside its time (counted over
+its whole block, the block's loader start included): pages the C allocator took fresh from the
+kernel, a cost the same operations pay differently in each loop; the allocator's environment
+(``MALLOC_*``, ``LD_PRELOAD``) is kept with the results.
 
 ``--device cuda``: NCCL ranks of one GPU each; the plain loop runs torch's fused AdamW and
 copies pinned batches with ``non_blocking``, as plain_ddp_loop.py does, and each block is
@@ -202,7 +204,10 @@ def main() -> None:
                      "paired_throughput_vs_plain": 1 / paired,
                      "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6,
                      "minor_page_faults_per_step": {k: statistics.median(v)
-                                                    for k, v in faults.items()}}  # fmt: skip
+                                                    for k, v in faults.items()},
+                     # The C allocator's settings, which move the faults (benchmarks/README.md).
+                     "allocator_env": {k: v for k, v in os.environ.items()
+                                       if k.startswith("MALLOC_") or k == "LD_PRELOAD"}}  # fmt: skip
             results.append(entry)
             rows.append(
                 f"{model:6} {ranks} rank(s) | step: refddp {med['refddp'] * 1e3:7.3f} ms, plain "

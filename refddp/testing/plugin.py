@@ -29,6 +29,7 @@ from refddp.testing.protocol import RANK_FIXTURES
 
 DEFAULT_WORLD_SIZE = 2
 session_config: pytest.Config | None = None  # for DistributedTestCase, which gets no fixtures
+_OUTER_SESSION = pytest.StashKey["pytest.Config | None"]()
 SENT_BUILTIN_FIXTURES = ("tmp_path", "tmpdir")  # pytest's own fixtures whose values travel
 
 
@@ -84,6 +85,7 @@ def _add_lint_option(group: pytest.OptionGroup) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     global session_config
+    config.stash[_OUTER_SESSION] = session_config  # an in-process pytest.main's outer one
     session_config = config
     from refddp.lint.pytest_items import register_lint_items
 
@@ -160,8 +162,8 @@ def pytest_runtestloop(session: pytest.Session) -> Any:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     global session_config
-    if session_config is config:  # (an in-process pytest.main's session ends with it)
-        session_config = None
+    if session_config is config:  # the session before it again (None, or an outer one)
+        session_config = config.stash.get(_OUTER_SESSION, None)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -272,5 +272,6 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
                  "inf"):  # fmt: skip
         assert line in out, out
     assert "RankTimeout" not in out and "selectors" not in out
-    failures = out[out.index("= FAILURES =") : out.index("short test summary")]
+    start = out.index("= FAILURES =")
+    failures = out[start : out.index("\n=", start)]  # to the next section (warnings, summary)
     assert "Traceback" not in failures and not re.search(r"\.py:\d+", failures), failures

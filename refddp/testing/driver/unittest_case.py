@@ -149,7 +149,8 @@ def _report_in_one_line(case: unittest.TestCase, result: Any, message: str) -> N
     failure (``pytest.fail``, a BaseException that passes ``run``'s handlers). Any other
     result, a runner's or one a suite made for itself, gets a ValueError without frames,
     which unittest prints as that one line."""
-    if type(result).__module__ == "_pytest.unittest":
+    pytest_item = getattr(sys.modules.get("_pytest.unittest"), "TestCaseFunction", ())
+    if isinstance(result, pytest_item):  # (a plugin's subclass of it too)
         import pytest
 
         pytest.fail(message, pytrace=False)
