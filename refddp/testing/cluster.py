@@ -102,9 +102,8 @@ def throttle_error(share: Any, period_s: Any) -> str:
     and the node would run at full speed while the test believed it slow."""
     if not (isinstance(share, numbers.Real) and 0 < share < 1):  # (NaN fails too)
         return f"share must lie between 0 and 1 (exclusive), got {share!r}"
-    if seconds_error(period_s):
-        return f"period_s: {seconds_error(period_s)}"
-    return ""
+    why = seconds_error(period_s)
+    return f"period_s: {why}" if why else ""
 
 
 class Cluster:

@@ -147,7 +147,7 @@ def test_a_timeout_that_is_no_deadline_is_one_line_for_a_result_a_suite_made_its
     # own failure would leave this run with no error and skip the class's other methods).
     from refddp.testing import DistributedTestCase
 
-    class NoDeadline(DistributedTestCase):
+    class NoDeadline(DistributedTestCase):  # its methods never run: refused before any rank
         timeout = float("nan")
 
         def test_one(self):

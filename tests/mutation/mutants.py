@@ -2125,7 +2125,7 @@ MUTANTS = (
     ),
     Mutant(
         "throttle-period-unchecked", "a throttle that could not run is refused", CLUSTER,
-        "    if seconds_error(period_s):", "    if period_s <= 0:",
+        "    why = seconds_error(period_s)", '    why = "not positive" if period_s <= 0 else ""',
         ("tests/harness/test_cluster_checks.py",
          f"{T_CLUSTER}::test_a_throttle_that_could_not_run_is_refused_with_one_line"),
     ),
