@@ -9,11 +9,14 @@ both loops at once, over the same job (overhead_job.py: model, data path, global
 refddp's ``Trainer.train_step`` (loader fetch, the target count, the step's agreement
 all-reduce, the loss scale, the gradient norm and its host read, the loss kept on the device,
 optimizer, scheduler, watchdog) and a plain DDP step (one process: the bare
-model), in alternating blocks of ``--steps`` steps. Both loops see the same machine at nearly
-the same moment, so the median time per step of each, and their ratio, is steady to a few
-percent. Loader start-up (once per block) is timed in neither; evaluation and checkpoints are
-not steps. Each loop's minor page faults a step are reported beside its time (counted over
-its whole block, the block's loader start included): pages the C allocator took fresh from the
+model), in alternating blocks of ``--steps`` steps. Each loop walks its epochs and both
+train on the same batches at the same step: refddp's sampler and the plain loop's
+DistributedSampler draw the same permutation (``randperm`` of seed 0 + epoch) and interleave
+it over ranks alike. Both loops see the same machine at nearly the same moment, so the
+median time per step of each, and their ratio, is steady to a few percent. Loader start-up
+(once per epoch, in the block that starts it) is timed in neither; evaluation and checkpoints
+are not steps. Each loop's minor page faults a step are reported beside its time (counted over
+its whole block, an epoch's loader start included): pages the C allocator took fresh from the
 kernel, a cost the same operations pay differently in each loop; the allocator's environment
 (``MALLOC_*``, ``LD_PRELOAD``) is kept with the results.
 
@@ -114,6 +117,7 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
     sampler = DistributedSampler(train, world, rank, seed=0, drop_last=True)
     loader = job.loader(train, job.global_batch // world, device.type, sampler=sampler,
                         drop_last=True)  # fmt: skip
+    steps_per_epoch = len(loader)  # refddp's too (both drop the last partial global batch)
 
     epochs: dict[str, object] = {}  # each loop's epoch's batches, kept across its blocks
 
@@ -130,8 +134,19 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
         sync()
         return (time.perf_counter() - begin) / steps
 
+    plain_epoch = {"batches": iter(()), "taken": 0, "epoch": 0}
+
     def plain_block() -> float:
-        batches = iter(loader)
+        # The plain loop walks its epochs as refddp's does (the same sampler and seed: the same
+        # batches at the same step), a new epoch's order from ``set_epoch``. Until 2026-11-28
+        # every block began the first epoch again, so the plain loop trained on its first
+        # ``steps`` batches only: other values, which on the CPU run at another speed.
+        if plain_epoch["taken"] % steps_per_epoch == 0:
+            sampler.set_epoch(plain_epoch["epoch"])
+            plain_epoch["epoch"] += 1
+            plain_epoch["batches"] = iter(loader)
+        plain_epoch["taken"] += steps
+        batches = plain_epoch["batches"]
         sync()
         begin = time.perf_counter()
         for _ in range(steps):

@@ -335,6 +335,52 @@ def fit_recording_fetches(out: str, **overrides) -> dict:
             "steps": result["step"]}  # fmt: skip
 
 
+def fit_recording_gradients(out: str, **overrides) -> dict:
+    """``fit``, recording whether the trained parameters hold a gradient ("held": every one;
+    "freed": none; "partly") after each step, at each step's start (after any evaluation or
+    save of the step before, just before the step frees it) and at each step's first
+    forward; which steps were skipped; and what they hold once ``fit`` has returned."""
+    trainer = Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    after_step: dict[int, str] = {}
+    at_start: dict[int, str] = {}
+    first_forward_found: dict[int, str] = {}
+    skipped: list[int] = []
+    first = [False]
+
+    def holding() -> str:
+        held = sum(p.grad is not None for p in trained)
+        return "held" if held == len(trained) else "freed" if held == 0 else "partly"
+
+    def at_forward(*_: Any) -> None:
+        if first[0] and torch.is_grad_enabled():
+            first[0] = False
+            first_forward_found[trainer.pos.step + 1] = holding()
+
+    trainer.model.register_forward_pre_hook(at_forward)
+    train_step, take = trainer.train_step, trainer.before_step.take
+
+    def recording_take() -> None:  # the step's snapshot, just before it frees the gradient
+        at_start[trainer.pos.step + 1] = holding()
+        take()
+
+    trainer.before_step.take = recording_take
+
+    def recording_step(batches: Any) -> int:
+        before, first[0] = trainer.pos.skipped_steps, True
+        signum = train_step(batches)
+        after_step[trainer.pos.step] = holding()
+        if trainer.pos.skipped_steps > before:
+            skipped.append(trainer.pos.step)
+        return signum
+
+    trainer.train_step = recording_step
+    trainer.fit()
+    return {"after_step": after_step, "at_start": at_start,
+            "first_forward_found": first_forward_found, "skipped": skipped,
+            "after_fit": holding()}  # fmt: skip
+
+
 def fit_until_a_batch_fails(out: str, failing_item: int, **overrides) -> dict:
     """``fit`` over data whose ``failing_item``-th item served raises OSError: where the run
     was (its step and updates) when the error reached ``fit``'s caller, and the error."""

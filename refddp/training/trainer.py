@@ -326,6 +326,8 @@ class Trainer:
             except BaseException:
                 self.trackers.flush()  # what was logged before the failure stays visible
                 raise
+            finally:
+                steps.free_last_gradient(self)  # the model is handed back without one
 
     def _fit(self) -> dict[str, Any]:
         c, ctx, pos = self.c, self.ctx, self.pos

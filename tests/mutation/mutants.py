@@ -2157,6 +2157,38 @@ MUTANTS = (
          "_fetched_it",),
     ),
     Mutant(
+        "gradient-freed-at-the-update", "a step's gradient is freed before the next forward",
+        STEPS,
+        "            trainer.scaler.update()  # GradScaler's growth count\n    if not applied:\n",
+        "            trainer.scaler.update()  # GradScaler's growth count\n"
+        "    trainer.optimizer.zero_grad(set_to_none=True)\n    if not applied:\n",
+        (f"{T_SKIPPED_STEPS}::test_an_applied_steps_gradient_lives_until_the_next_steps_forward",),
+    ),
+    Mutant(
+        "gradient-accumulates-across-steps", "a step's gradient is freed before the next forward",
+        STEPS, "    free_last_gradient(trainer)\n    step_loss = None\n", "    step_loss = None\n",
+        (f"{T_SKIPPED_STEPS}::test_an_applied_steps_gradient_lives_until_the_next_steps_forward",),
+    ),
+    Mutant(
+        "gradient-freed-after-the-step", "a step's gradient is freed before the next forward",
+        TRAINER, "            stopping = self.end_of_step(signum, steps_this_run)\n",
+        "            stopping = self.end_of_step(signum, steps_this_run)\n"
+        "            self.optimizer.zero_grad(set_to_none=True)\n",
+        (f"{T_SKIPPED_STEPS}::test_an_applied_steps_gradient_lives_until_the_next_steps_forward",),
+    ),
+    Mutant(
+        "skipped-steps-gradient-kept", "a step's gradient is freed before the next forward", STEPS,
+        "    free_last_gradient(trainer)  # its non-finite gradient goes now, not at the next step\n",
+        "",
+        (f"{T_SKIPPED_STEPS}::test_an_applied_steps_gradient_lives_until_the_next_steps_forward",),
+    ),
+    Mutant(
+        "gradient-kept-after-fit", "a step's gradient is freed before the next forward", TRAINER,
+        "                steps.free_last_gradient(self)  # the model is handed back without one\n",
+        "                pass\n",
+        (f"{T_SKIPPED_STEPS}::test_an_applied_steps_gradient_lives_until_the_next_steps_forward",),
+    ),
+    Mutant(
         "watchdog-marks-after-the-read", "a hang report shows every rank's stack", STEPS,
         "        trainer.watchdog.progress()\n"
         "    fetch_next_step(trainer, batches)  # while the device (or gloo) finishes the backward\n"

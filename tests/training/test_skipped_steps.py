@@ -24,6 +24,7 @@ from tests.step_tasks import (
     fit_counting_host_reads,
     fit_from_seeded_host_rngs,
     fit_recording_fetches,
+    fit_recording_gradients,
     fit_until_a_batch_fails,
     reduced_as_ddp_does,
 )
@@ -264,6 +265,31 @@ def test_the_next_steps_batches_are_fetched_before_a_step_waits_for_the_device(
             evaluates = step % per_epoch == 0 or step % 5 == 0
             expected += ["progress"] + ([] if evaluates else fetches) + ["read"]
         assert found["events"] == expected, f"rank {rank}"
+
+
+@pytest.mark.parametrize("overrides", [{"data": EXPLODING}, {"grad_accum": 2, "eval_every": 3}],
+                         ids=["skips", "accumulation-evaluations"])
+def test_an_applied_steps_gradient_lives_until_the_next_steps_forward(spawn, tmp_path, overrides):
+    # Freed at the next step's start, as a plain loop's zero_grad frees it, not at the end of
+    # the update: freed there, glibc hands its heap's top back to the kernel between steps
+    # and each forward and backward faults it in again (benchmarks/README.md). A skipped
+    # step's non-finite gradient goes at once, and fit hands the model back without one.
+    job = {"epochs": 2, **overrides}
+    for rank, found in enumerate(spawn(fit_recording_gradients, str(tmp_path), world_size=2,
+                                       **job)):  # fmt: skip
+        after, skipped = found["after_step"], found["skipped"]
+        assert len(after) >= 8, after
+        assert bool(skipped) == (overrides.get("data") == EXPLODING), skipped
+        expected = {step: "freed" if step in skipped else "held" for step in after}
+        assert after == expected, f"rank {rank}: after each step"
+        # Through the evaluations and saves between steps (every third step, and each epoch's
+        # last), until the next step's start: none before the first step, nor after a skip.
+        held_before = {step: "held" if step > 1 and step - 1 not in skipped else "freed"
+                       for step in after}  # fmt: skip
+        assert found["at_start"] == held_before, f"rank {rank}: at each step's start"
+        assert set(found["first_forward_found"]) == set(after), f"rank {rank}"
+        assert set(found["first_forward_found"].values()) == {"freed"}, f"rank {rank}"
+        assert found["after_fit"] == "freed", f"rank {rank}"
 
 
 def test_an_exact_resume_after_a_batch_fetched_ahead_with_pythons_and_numpys_rngs(spawn, tmp_path):
