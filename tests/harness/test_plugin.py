@@ -208,9 +208,12 @@ def test_no_rank_outlives_the_session_after_interrupt_or_kill(pytester, tmp_path
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_for(lambda: len(list(pid_dir.iterdir())) == 2, 120, "both ranks to start")
-        pids = [int(p.read_text()) for p in pid_dir.iterdir() if p.read_text()]
-        _wait_for(lambda: len(pids) == 2, 5, "pid files")
+        # A rank's file exists before its pid is written in it: wait for both pids.
+        def written() -> list[int]:
+            return [int(text) for p in pid_dir.iterdir() if (text := p.read_text())]
+
+        _wait_for(lambda: len(written()) == 2, 120, "both ranks to write their pids")
+        pids = written()
         assert all(_alive(p) for p in pids)
         inner.send_signal(sig)
         inner.wait(timeout=60)
