@@ -134,19 +134,17 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
         sync()
         return (time.perf_counter() - begin) / steps
 
-    plain_epoch = {"batches": iter(()), "taken": 0, "epoch": 0}
+    plain_steps = [0]  # the plain loop's steps so far
 
     def plain_block() -> float:
-        # The plain loop walks its epochs as refddp's does (the same sampler and seed: the same
-        # batches at the same step), a new epoch's order from ``set_epoch``. Until 2026-11-28
-        # every block began the first epoch again, so the plain loop trained on its first
-        # ``steps`` batches only: other values, which on the CPU run at another speed.
-        if plain_epoch["taken"] % steps_per_epoch == 0:
-            sampler.set_epoch(plain_epoch["epoch"])
-            plain_epoch["epoch"] += 1
-            plain_epoch["batches"] = iter(loader)
-        plain_epoch["taken"] += steps
-        batches = plain_epoch["batches"]
+        # The plain loop walks its epochs as refddp's does, on the same batches at each step
+        # (the same permutation): on the CPU other values run at another speed.
+        epoch, into = divmod(plain_steps[0], steps_per_epoch)
+        if into == 0:
+            sampler.set_epoch(epoch)
+            epochs["plain"] = iter(loader)
+        plain_steps[0] += steps
+        batches = epochs["plain"]
         sync()
         begin = time.perf_counter()
         for _ in range(steps):
