@@ -18,6 +18,13 @@ of Accelerate; at the demo's 0.8 ms step, >= 0.90x.
 default), interleaved with the three others, so the trackers' cost is measured against the
 same plain loop at the same moments. ``--variant FLAGS`` likewise adds ``refddp+variant``:
 refddp with FLAGS added (``--grad-clip 1``, say).
+
+``--fixed-malloc`` runs all three with glibc's heap trimming and mmap threshold fixed
+(``FIXED_MALLOC``). By default glibc moves both as a process frees memory, so whether a
+step's freed memory goes back to the kernel, and is faulted in again at the next step, depends
+on where each process's heap happens to lie: a property of the process's whole history
+(imports, start-up, evaluation), not of its training step. With this flag that chance is gone
+from all runners alike, so what remains is the loops' own cost.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BASE_RUNNERS = ("plain", "accelerate", "refddp")
 TRACKED = "refddp+tracker"  # refddp with --log-to (this benchmark's --log-to)
 VARIANT = "refddp+variant"  # refddp with this benchmark's --variant flags
+# glibc's environment variables: never trim the heap's top, and allocate from the heap up to
+# 32 MiB (the largest threshold glibc accepts); setting them also stops glibc moving them.
+FIXED_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 RUN_TIMEOUT_S = 600  # one run of one runner (the longest take ~20 s): past it, a hang
 
 
@@ -59,10 +69,10 @@ def command(runner: str, job: Job, ranks: int, out: str, log_to: str = "",
 
 
 def run_once(runner: str, job: Job, ranks: int, out: str, log_to: str, device: str,
-             variant: str) -> dict[str, float]:  # fmt: skip
+             variant: str, env: dict[str, str]) -> dict[str, float]:  # fmt: skip
     begin = time.perf_counter()
     try:
-        proc = subprocess.run(command(runner, job, ranks, out, log_to, device, variant), env=ENV,
+        proc = subprocess.run(command(runner, job, ranks, out, log_to, device, variant), env=env,
                               cwd=os.path.dirname(HERE), capture_output=True, text=True,
                               check=False, timeout=RUN_TIMEOUT_S)  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -90,7 +100,10 @@ def main() -> None:
                         help="cuda: one GPU per rank, NCCL (the baselines pin, copy non_blocking, fuse AdamW)")
     parser.add_argument("--variant", default="",
                         help="also run refddp with these flags added (e.g. '--grad-clip 1')")
+    parser.add_argument("--fixed-malloc", action="store_true",
+                        help="run every runner with glibc's trimming and mmap threshold fixed")
     args = parser.parse_args()
+    env = {**ENV, **FIXED_MALLOC} if args.fixed_malloc else ENV
     runners = BASE_RUNNERS + ((TRACKED,) if args.log_to else ()) + ((VARIANT,) if args.variant else ())
     load_before = os.getloadavg()[0]
     header = f"steady-state training samples/s and wall time, medians of {args.repeats} interleaved runs"
@@ -107,7 +120,7 @@ def main() -> None:
                     for runner in order:
                         out = os.path.join(tmp, f"{model}-{ranks}-{runner}-{i}")
                         runs[runner].append(run_once(runner, job, ranks, out, args.log_to, args.device,
-                                                        args.variant))
+                                                        args.variant, env))
                 med = {
                     r: {k: statistics.median(x[k] for x in runs[r]) for k in ("samples_per_s", "wall_s")}
                     for r in runners
@@ -116,6 +129,7 @@ def main() -> None:
                          "throughput_vs_plain": med["refddp"]["samples_per_s"] / med["plain"]["samples_per_s"],
                          "throughput_vs_accelerate": med["refddp"]["samples_per_s"] / med["accelerate"]["samples_per_s"]}  # fmt: skip
                 entry["device"] = args.device
+                entry["fixed_malloc"] = FIXED_MALLOC if args.fixed_malloc else None
                 if args.log_to:
                     entry["log_to"] = args.log_to
                     entry["tracked_throughput_vs_plain"] = med[TRACKED]["samples_per_s"] / med["plain"]["samples_per_s"]
