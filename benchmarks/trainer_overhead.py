@@ -19,12 +19,12 @@ default), interleaved with the three others, so the trackers' cost is measured a
 same plain loop at the same moments. ``--variant FLAGS`` likewise adds ``refddp+variant``:
 refddp with FLAGS added (``--grad-clip 1``, say).
 
-``--fixed-malloc`` runs all three with glibc's heap trimming and mmap threshold fixed
+``--fixed-malloc`` runs every runner with glibc's heap trimming and mmap threshold fixed
 (``FIXED_MALLOC``). By default glibc moves both as a process frees memory, so whether a
 step's freed memory goes back to the kernel, and is faulted in again at the next step, depends
 on where each process's heap happens to lie: a property of the process's whole history
-(imports, start-up, evaluation), not of its training step. With this flag that chance is gone
-from all runners alike, so what remains is the loops' own cost.
+(imports, start-up, evaluation), not of its training step. This flag takes that source of noise
+away from all runners alike (the runs still spread).
 """
 
 from __future__ import annotations
