@@ -49,6 +49,12 @@ def commit() -> str | None:
         return None
 
 
+def allocator_env(env: dict[str, str]) -> dict[str, str]:
+    """The C allocator's settings in ``env`` (glibc's ``MALLOC_*``, a preloaded allocator): they
+    move a CPU run's page faults and speed (benchmarks/README.md), so results keep them."""
+    return {k: v for k, v in env.items() if k.startswith("MALLOC_") or k == "LD_PRELOAD"}
+
+
 def write(name: str, results: Any, table: str, load_before: float | None = None) -> str:
     """``load_before``: the 1-minute load average when the benchmark started (this machine is
     shared: a high load makes a run's numbers noise)."""

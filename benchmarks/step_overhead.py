@@ -61,7 +61,7 @@ from refddp.training.watchdog import HangWatchdog
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from overhead_job import WEIGHT_DECAY, Job  # noqa: E402, I001
-from record import write  # noqa: E402
+from record import allocator_env, write  # noqa: E402
 
 
 def rank_main(model_name: str, args: argparse.Namespace, out: str) -> None:
@@ -218,9 +218,7 @@ def main() -> None:
                      "overhead_us_per_step": (med["refddp"] - med["plain"]) * 1e6,
                      "minor_page_faults_per_step": {k: statistics.median(v)
                                                     for k, v in faults.items()},
-                     # The C allocator's settings, which move the faults (benchmarks/README.md).
-                     "allocator_env": {k: v for k, v in os.environ.items()
-                                       if k.startswith("MALLOC_") or k == "LD_PRELOAD"}}  # fmt: skip
+                     "allocator_env": allocator_env(dict(os.environ))}  # fmt: skip
             results.append(entry)
             rows.append(
                 f"{model:6} {ranks} rank(s) | step: refddp {med['refddp'] * 1e3:7.3f} ms, plain "

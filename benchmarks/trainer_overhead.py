@@ -42,7 +42,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from overhead_job import MODELS, Job, steady_samples_per_s  # noqa: E402
-from record import write  # noqa: E402
+from record import allocator_env, write  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BASE_RUNNERS = ("plain", "accelerate", "refddp")
@@ -129,7 +129,7 @@ def main() -> None:
                          "throughput_vs_plain": med["refddp"]["samples_per_s"] / med["plain"]["samples_per_s"],
                          "throughput_vs_accelerate": med["refddp"]["samples_per_s"] / med["accelerate"]["samples_per_s"]}  # fmt: skip
                 entry["device"] = args.device
-                entry["fixed_malloc"] = FIXED_MALLOC if args.fixed_malloc else None
+                entry["allocator_env"] = allocator_env(env)  # --fixed-malloc's or inherited
                 if args.log_to:
                     entry["log_to"] = args.log_to
                     entry["tracked_throughput_vs_plain"] = med[TRACKED]["samples_per_s"] / med["plain"]["samples_per_s"]
