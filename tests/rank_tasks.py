@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import difflib
 import os
+import random
 import signal
 import warnings
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -61,6 +63,13 @@ def fit_seeded(out: str, **overrides) -> dict:
     c = tiny_config(out, **overrides)
     torch.manual_seed(c.seed + dist.get_rank())
     return fit(out, **overrides)
+
+
+def host_draws_after_resume(out: str, **overrides) -> tuple[float, float, float]:
+    """This rank's first draws from Python's, numpy's and torch's global RNGs once the
+    trainer has resumed from ``out`` (built, not fitted)."""
+    Trainer(tiny_config(out, **overrides), init_distributed("cpu"))
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
 
 
 def fit_recording_collectives(out: str, **overrides) -> dict:

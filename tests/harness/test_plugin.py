@@ -278,3 +278,26 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
     start = out.index("= FAILURES =")
     failures = out[start : out.index("\n=", start)]  # to the next section (warnings, summary)
     assert "Traceback" not in failures and not re.search(r"\.py:\d+", failures), failures
+
+
+def test_a_pytest_session_run_inside_another_leaves_the_outer_ones_options(pytester, request):
+    # A project that runs pytest.main (or pytester in process) from a test: the inner session
+    # reads its own options, and once it ends the outer one's apply again (DistributedTestCase
+    # takes them from the running session, as it gets no fixtures).
+    from refddp.testing.driver.unittest_case import _option
+
+    outer = request.config.getoption("dist_timeout")
+    assert _option("dist_timeout", None) == outer
+    pytester.makeconftest("""
+        from refddp.testing.driver.unittest_case import _option
+
+        def pytest_sessionfinish(session):
+            with open("inner_timeout.txt", "w") as f:
+                f.write(repr(_option("dist_timeout", None)))
+    """)
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    inner = outer + 7.0
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dist-timeout", str(inner))
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "inner_timeout.txt").read_text() == repr(inner)
+    assert _option("dist_timeout", None) == outer

@@ -2286,5 +2286,34 @@ MUTANTS = (
         "refddp/testing/torch_suites.py", "        rank_setup = (SWAP,)", "        rank_setup = ()",
         ("tests/harness/test_torch_suites.py::test_unmodified_multiprocesstestcase_and_dtensor_suites_run_on_warm_pools",),
     ),
+    Mutant(
+        "torch-rng-unseeded-at-another-world-size", "a resume at another world size seeds each rank",
+        "refddp/checkpoints/run_state.py", "        torch.manual_seed(fresh)\n", "",
+        (f"{T_TRAINER}::test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the"
+         "_same_every_time",),
+    ),
+    Mutant(
+        "host-rngs-unseeded-at-another-world-size", "a resume at another world size seeds each rank",
+        "refddp/checkpoints/run_state.py",
+        "        host_random.seed(fresh)  # Python's and numpy's too, as at a run's start",
+        "        pass",
+        (f"{T_TRAINER}::test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the"
+         "_same_every_time",),
+    ),
+    Mutant(
+        "streams-alike-on-every-rank-at-another-world-size",
+        "a resume at another world size seeds each rank", "refddp/checkpoints/run_state.py",
+        "        fresh = c.seed + 7919 * step + rank", "        fresh = c.seed + 7919 * step",
+        (f"{T_TRAINER}::test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the"
+         "_same_every_time",),
+    ),
+    Mutant(
+        "outer-session-lost-after-an-inner-one", "an inner pytest session leaves the outer's options",
+        "refddp/testing/plugin.py",
+        "        session_config = config.stash.get(_OUTER_SESSION, None)",
+        "        session_config = None",
+        ("tests/harness/test_plugin.py::test_a_pytest_session_run_inside_another_leaves_the_outer"
+         "_ones_options",),
+    ),
     *ISSUE_48,
 )

@@ -17,6 +17,7 @@ from tests.rank_tasks import (
     fit,
     fit_recording_collectives,
     fit_seeded,
+    host_draws_after_resume,
     scale_after_resume,
     tiny_config,
 )
@@ -114,6 +115,25 @@ def test_exact_resume_in_process_is_bit_identical(spawn, tmp_path, world_size, s
     resumed = spawn(fit_seeded, str(tmp_path / "b"), **flags)[0]
     assert resumed["step"] == straight["step"]
     assert_same_weights(resumed["weights"], straight["weights"])  # bit for bit
+
+
+@pytest.mark.parametrize(("saved_at", "resumed_at"), [(1, 2), (3, 2)])
+def test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the_same_every_time(
+    spawn, tmp_path, saved_at, resumed_at
+):
+    # The checkpoint holds one RNG state per rank of the run that saved it: at another world
+    # size each rank's torch, Python and numpy streams are seeded afresh, from the seed, the
+    # step and the rank. Ranks that drew one stream would add the same noise to different
+    # samples; a rerun of the same resume must draw what the first did (warm pool ranks carry
+    # whatever earlier tasks left in those streams).
+    out = str(tmp_path / "run")
+    flags = dict(global_batch_size=12, ckpt_every=2)
+    spawn(fit_seeded, out, world_size=saved_at, stop_after=4, **flags)
+    first = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
+    again = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
+    assert first == again
+    for stream in range(3):  # Python's, numpy's, torch's
+        assert len({draws[stream] for draws in first}) == resumed_at, (stream, first)
 
 
 def test_eval_counts_every_sample_once_at_any_world_size(spawn):
