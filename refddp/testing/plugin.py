@@ -30,6 +30,7 @@ from refddp.testing.protocol import RANK_FIXTURES
 DEFAULT_WORLD_SIZE = 2
 session_config: pytest.Config | None = None  # for DistributedTestCase, which gets no fixtures
 _OUTER_SESSION = pytest.StashKey["pytest.Config | None"]()
+_OUTER_PRELOAD = pytest.StashKey["list[str]"]()  # the rank server's, before this session's
 SENT_BUILTIN_FIXTURES = ("tmp_path", "tmpdir")  # pytest's own fixtures whose values travel
 
 
@@ -98,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # it. Not in this process's environment, which every subprocess of a test inherits.
     from refddp.testing.driver import rank_server
 
+    config.stash[_OUTER_PRELOAD] = list(rank_server.preload)
     rank_server.preload[:] = ["pytest"] + [
         m for value in config.getoption("dist_preload") for m in value.split(",") if m
     ]
@@ -164,6 +166,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     global session_config
     if session_config is config:  # the session before it again (None, or an outer one)
         session_config = config.stash.get(_OUTER_SESSION, None)
+    if _OUTER_PRELOAD in config.stash:  # the outer session's rank server preloads its own
+        from refddp.testing.driver import rank_server
+
+        rank_server.preload[:] = config.stash[_OUTER_PRELOAD]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

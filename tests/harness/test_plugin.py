@@ -1,4 +1,5 @@
-"""The pytest plugin, driven through pytester in a subprocess, as a user's project would run it."""
+"""The pytest plugin, driven through pytester: in a subprocess, as a user's project would run it,
+and in process where a test is about a session run inside another."""
 
 import os
 import re
@@ -283,11 +284,14 @@ def test_a_deadline_that_is_not_a_finite_number_of_seconds_is_one_line_naming_wh
 def test_a_pytest_session_run_inside_another_leaves_the_outer_ones_options(pytester, request):
     # A project that runs pytest.main (or pytester in process) from a test: the inner session
     # reads its own options, and once it ends the outer one's apply again (DistributedTestCase
-    # takes them from the running session, as it gets no fixtures).
+    # takes them from the running session, as it gets no fixtures; the rank server preloads
+    # the outer session's --dist-preload modules).
+    from refddp.testing.driver import rank_server
     from refddp.testing.driver.unittest_case import _option
 
     outer = request.config.getoption("dist_timeout")
     assert _option("dist_timeout", None) == outer
+    preloaded = list(rank_server.preload)
     pytester.makeconftest("""
         from refddp.testing.driver.unittest_case import _option
 
@@ -297,7 +301,9 @@ def test_a_pytest_session_run_inside_another_leaves_the_outer_ones_options(pytes
     """)
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     inner = outer + 7.0
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dist-timeout", str(inner))
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dist-timeout", str(inner),
+                                          "--dist-preload", "json")  # fmt: skip
     result.assert_outcomes(passed=1)
     assert (pytester.path / "inner_timeout.txt").read_text() == repr(inner)
     assert _option("dist_timeout", None) == outer
+    assert rank_server.preload == preloaded

@@ -2308,10 +2308,24 @@ MUTANTS = (
          "_same_every_time",),
     ),
     Mutant(
+        "streams-alike-at-every-step-at-another-world-size",
+        "a resume at another world size seeds each rank", "refddp/checkpoints/run_state.py",
+        "        fresh = c.seed + 7919 * step + rank", "        fresh = c.seed + rank",
+        (f"{T_TRAINER}::test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the"
+         "_same_every_time",),
+    ),
+    Mutant(
         "outer-session-lost-after-an-inner-one", "an inner pytest session leaves the outer's options",
         "refddp/testing/plugin.py",
         "        session_config = config.stash.get(_OUTER_SESSION, None)",
         "        session_config = None",
+        ("tests/harness/test_plugin.py::test_a_pytest_session_run_inside_another_leaves_the_outer"
+         "_ones_options",),
+    ),
+    Mutant(
+        "outer-preload-lost-after-an-inner-one", "an inner pytest session leaves the outer's options",
+        "refddp/testing/plugin.py",
+        "        rank_server.preload[:] = config.stash[_OUTER_PRELOAD]", "        pass",
         ("tests/harness/test_plugin.py::test_a_pytest_session_run_inside_another_leaves_the_outer"
          "_ones_options",),
     ),

@@ -125,15 +125,19 @@ def test_a_resume_at_another_world_size_gives_each_rank_its_own_streams_the_same
     # size each rank's torch, Python and numpy streams are seeded afresh, from the seed, the
     # step and the rank. Ranks that drew one stream would add the same noise to different
     # samples; a rerun of the same resume must draw what the first did (warm pool ranks carry
-    # whatever earlier tasks left in those streams).
-    out = str(tmp_path / "run")
+    # whatever earlier tasks left in those streams), and a resume at another step other values.
     flags = dict(global_batch_size=12, ckpt_every=2)
-    spawn(fit_seeded, out, world_size=saved_at, stop_after=4, **flags)
-    first = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
-    again = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
-    assert first == again
-    for stream in range(3):  # Python's, numpy's, torch's
-        assert len({draws[stream] for draws in first}) == resumed_at, (stream, first)
+    draws = {}
+    for step in (2, 4):  # a resume later in the run draws on, not the streams of an earlier one
+        out = str(tmp_path / f"stopped_at_{step}")
+        spawn(fit_seeded, out, world_size=saved_at, stop_after=step, **flags)
+        draws[step] = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
+        again = spawn(host_draws_after_resume, out, world_size=resumed_at, **flags)
+        assert draws[step] == again
+        for stream in range(3):  # Python's, numpy's, torch's
+            assert len({rank[stream] for rank in draws[step]}) == resumed_at, (stream, draws[step])
+    for at_2, at_4 in zip(draws[2], draws[4], strict=True):
+        assert all(a != b for a, b in zip(at_2, at_4, strict=True)), (at_2, at_4)
 
 
 def test_eval_counts_every_sample_once_at_any_world_size(spawn):
