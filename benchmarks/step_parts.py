@@ -1,6 +1,6 @@
 """What the parts of refddp's step that a plain loop has no counterpart for cost, at one rank.
 
-    python benchmarks/step_parts.py [--blocks 150] [--steps 16] [--model demo]
+    python benchmarks/step_parts.py [--blocks 150] [--steps 16] [--model demo] [--name NAME]
 
 step_overhead.py measures refddp's whole step against a plain loop's. This script takes the
 skip of a non-finite step apart, to say how much of that overhead it is at a small step:
@@ -10,11 +10,11 @@ skip of a non-finite step apart, to say how much of that overhead it is at a sma
 - ``spread``: a non-finite loss made into a NaN loss scale (``spread_nonfinite``,
   ``refddp/training/skips.py``), so that the gradient's reduction carries it to every rank.
 
-Each loop is its own ``Trainer`` over the same job (overhead_job.py) with one part replaced by
-what costs nothing (the norm by a constant, the scale left as it is): a measurement only, as
+Each loop is its own ``Trainer`` over the same job (overhead_job.py): the whole step, and the
+step with one part or both replaced by what costs nothing (the norm by a constant, the scale left as it is): a measurement only, as
 such a step would apply an update whose gradient is NaN. They run in one process, one thread
 (as step_overhead.py's ranks), in alternating blocks of ``--steps`` steps beside a plain loop
-(the bare model, AdamW, the same loader), in a rotating order; each block's time is compared
+(the bare model, AdamW, the same loader), each round in another order of the loops; each block's time is compared
 with the plain loop's block of the same round (``paired``), which the machine's drift moves
 alike. An epoch's loader start is timed in both loops.
 """
@@ -22,6 +22,7 @@ alike. An epoch's loader start is timed in both loops.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -121,9 +122,9 @@ def main() -> None:
             loops[name] = refddp_loop(job, ctx, os.path.join(out, name.replace(" ", "_")), left_out)
         names = list(loops)
         times: dict[str, list[float]] = {name: [] for name in names}
+        orders = list(itertools.permutations(names))  # in turn: no loop always follows the same one
         for block in range(args.blocks + 2):  # the first two of each warm up
-            turn = block % len(names)
-            for name in names[turn:] + names[:turn]:
+            for name in orders[block % len(orders)]:
                 seconds = loops[name](args.steps)
                 if block >= 2:
                     times[name].append(seconds)
@@ -137,7 +138,7 @@ def main() -> None:
                         "overhead_us_per_step": (median - plain) * 1e6, "blocks": times[name]})  # fmt: skip
         rows.append(f"{name:10} {median * 1e3:7.3f} ms | vs plain {plain / median:.3f}x (paired "
                     f"{paired:.3f}x) | overhead {(median - plain) * 1e6:+5.0f} us/step")  # fmt: skip
-    header = (f"{args.model}, one rank, one thread: median time per step, {args.blocks} rotating "
+    header = (f"{args.model}, one rank, one thread: median time per step, {args.blocks} "
               f"blocks of {args.steps} steps per loop, in one process")  # fmt: skip
     write(args.name, {"model": args.model, "loops": results,
                       "allocator_env": allocator_env(dict(os.environ))},
