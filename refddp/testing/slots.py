@@ -23,6 +23,7 @@ class SlotReading(NamedTuple):
     on_world: bool  # it involves every rank of the default group
     members: frozenset[int] | None = None  # else the global ranks it needs; None if unknown
     entered: int = 0  # collectives the rank entered in the task so far
+    group: str = ""  # the name torch gave its group ("": the default group, or unknown)
 
 
 def slot_path_for(workdir: str, rank: int) -> str:
@@ -38,13 +39,14 @@ class Slot:
             self._map = mmap.mmap(f.fileno(), SLOT_BYTES)
         self.write(STATE_OUTSIDE, "", 0)
 
-    def write(self, state: bytes, text: str, count: int, members: str = "*") -> None:
+    def write(self, state: bytes, text: str, count: int, members: str = "*", group: str = ""
+              ) -> None:  # fmt: skip
         """The state byte, who the collective waits on ("*", "0,2" or "?": a list too long for
-        the slot counts as unknown), the task's collective count, then the text the reports
-        show, separated by unit separators."""
+        the slot counts as unknown), its group's name (``signatures.group_name``), the task's
+        collective count, then the text the reports show, separated by unit separators."""
         if len(members) > SLOT_BYTES // 2:
             members = "?"
-        fields = f"{members}\x1f{count}\x1f{text}".encode()
+        fields = f"{members}\x1f{group}\x1f{count}\x1f{text}".encode()
         data = (state + fields)[: SLOT_BYTES - 1]
         self._map[:] = data + b"\0" * (SLOT_BYTES - len(data))
 
@@ -65,6 +67,7 @@ def read_slot(slot_path: str) -> SlotReading:
         return SlotReading("", False, False)
     state, rest = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
     who, _, rest = rest.partition("\x1f")
+    group, _, rest = rest.partition("\x1f")
     count, _, text = rest.partition("\x1f")
     members = None
     try:
@@ -75,4 +78,4 @@ def read_slot(slot_path: str) -> SlotReading:
         members, entered = None, 0
     # Who the collective waits on stays written after it returned or raised (only the state
     # byte is reset): a failed rank's report can still tell which ranks its collective needed.
-    return SlotReading(text, state != STATE_OUTSIDE, who == "*", members, entered)
+    return SlotReading(text, state != STATE_OUTSIDE, who == "*", members, entered, group)

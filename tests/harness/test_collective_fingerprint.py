@@ -1,8 +1,10 @@
 """The harness's collective check names what differs, on every kind of group, before torch
 sees mismatched buffers: dtypes (the issue's all_gather of float32 against int32, whose bytes
 gloo would reinterpret), all_to_all's split sizes that do not pair up, a send and its receive,
-a subgroup's members, and a rank on another group than its peers; and lets through what torch
-allows (broadcast's shape at an equal element count). Shapes, order and reduce ops on the
+a subgroup's members, a rank on another group than its peers, two groups over the same ranks
+(told apart by the names torch gave them) and a receive whose sender sends another tag; and
+lets through what torch allows (broadcast's shape at an equal element count, groups over the
+same ranks used alike, tagged messages received in another order). Shapes, order and reduce ops on the
 default group: test_harness.py; the whole space of calls: test_collective_space.py."""
 
 import time
@@ -181,3 +183,130 @@ def test_ddp_on_a_group_the_test_makes_runs_checked_by_the_harness_not_torchs_wr
     # which DDP's construction crashed gloo ranks (SIGSEGV): the harness's check replaces it.
     grads = spawn(ddp_on_a_new_group, timeout=DEADLINE)
     assert grads[0] == grads[1] == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def two_groups_over_the_same_ranks(world_size_ranks):
+    # Two new_group calls over the same ranks make two communicators: torch would hang, each
+    # rank waiting on the other in its own group. The descriptions look alike; the names differ.
+    first, second = dist.new_group(world_size_ranks), dist.new_group(world_size_ranks)
+    if dist.get_rank() in world_size_ranks:
+        group = first if dist.get_rank() == world_size_ranks[0] else second
+        dist.all_reduce(torch.ones(2), group=group)
+    return "done"
+
+
+@pytest.mark.parametrize("world_size, ranks", [(2, [0, 1]), (3, [0, 2])],
+                         ids=["groups-of-every-rank", "subgroups"])  # fmt: skip
+def test_two_groups_over_the_same_ranks_are_told_apart_by_their_names_in_seconds(
+    spawn, world_size, ranks
+):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(two_groups_over_the_same_ranks, ranks, world_size=world_size, timeout=DEADLINE)
+    assert time.monotonic() - start < 15, "named by the check, not by the deadline"
+    # (On a subgroup the first member to see the other blocked raises; the other may then
+    # be left waiting for it, and is reported so.)
+    assert info.value.failures and set(info.value.failures) <= set(ranks), info.value.failures
+    call = f"all_reduce((2,):float32, SUM, group={ranks})"
+    report = str(info.value)
+    assert "Detected mismatch between collectives" in report, report
+    assert f"#1 {call} on group '" in report and "two different groups over the same ranks" in report
+    named = {part.split("on group '")[1].split("'")[0] for part in report.split(";")[:2]}
+    assert len(named) == 2, report
+
+
+def two_groups_over_the_same_ranks_alike(ranks):
+    first, second = dist.new_group(ranks), dist.new_group(ranks)
+    out = []
+    if dist.get_rank() in ranks:
+        for group in (first, second, first):
+            t = torch.ones(2)
+            dist.all_reduce(t, group=group)
+            out.append(t.tolist())
+    return out
+
+
+@pytest.mark.parametrize("world_size, ranks", [(2, [0, 1]), (3, [0, 2])],
+                         ids=["groups-of-every-rank", "subgroups"])  # fmt: skip
+def test_two_groups_over_the_same_ranks_used_alike_pass(spawn, world_size, ranks):
+    results = spawn(two_groups_over_the_same_ranks_alike, ranks, world_size=world_size,
+                    timeout=DEADLINE)  # fmt: skip
+    assert [results[r] for r in ranks] == [[[2.0, 2.0]] * 3] * 2
+
+
+def send_and_receive_of_other_tags():
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        dist.send(t, dst=1, tag=1)
+    else:
+        dist.recv(t, src=0, tag=2)  # gloo: each waits for the other for good
+
+
+def test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(send_and_receive_of_other_tags, timeout=DEADLINE)
+    assert time.monotonic() - start < 15, "named by the check, not by the deadline"
+    assert (
+        "Detected mismatch between collectives on ranks: rank 0 is running #1 send((2,):float32, "
+        "dst=1, tag=1); rank 1 is running #1 recv((2,):float32, src=0, tag=2)"
+    ) in str(info.value)
+
+
+def send_and_receive_on_two_groups_over_the_same_ranks():
+    first, second = dist.new_group([0, 1]), dist.new_group([0, 1])
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        dist.send(t, dst=1, group=first)
+    elif dist.get_rank() == 1:
+        dist.recv(t, src=0, group=second)
+
+
+def test_a_send_and_its_receive_on_two_groups_over_the_same_ranks_are_named_in_seconds(spawn):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(send_and_receive_on_two_groups_over_the_same_ranks, world_size=3, timeout=DEADLINE)
+    assert time.monotonic() - start < 15, "named by the check, not by the deadline"
+    report = str(info.value)
+    assert "rank 0 is running #1 send((2,):float32, dst=1, group=[0, 1]) on group '" in report
+    assert "rank 1 is running #1 recv((2,):float32, src=0, group=[0, 1]) on group '" in report
+    assert "two different groups over the same ranks" in report
+
+
+def tagged_messages_received_in_another_order():
+    # Legal: each isend is received by the receive of its tag, whatever the order.
+    if dist.get_rank() == 0:
+        works = [dist.isend(torch.full((2,), float(tag)), dst=1, tag=tag) for tag in (1, 2)]
+        for work in works:
+            work.wait()
+        return []
+    second, first = torch.zeros(2), torch.zeros(2)
+    dist.recv(second, src=0, tag=2)
+    dist.recv(first, src=0, tag=1)
+    return [first.tolist(), second.tolist()]
+
+
+def test_tagged_messages_received_in_another_order_than_sent_pass(spawn):
+    assert spawn(tagged_messages_received_in_another_order, timeout=DEADLINE)[1] == [
+        [1.0, 1.0], [2.0, 2.0]
+    ]
+
+
+def blocking_send_received_by_an_earlier_irecv():
+    # Legal: rank 0 blocks in the send of tag 1 while rank 1 waits for tag 2; rank 1's irecv of
+    # tag 1, posted before, takes it, and rank 0 goes on to send tag 2.
+    if dist.get_rank() == 0:
+        dist.send(torch.full((2,), 1.0), dst=1, tag=1)
+        dist.send(torch.full((2,), 2.0), dst=1, tag=2)
+        return []
+    first, second = torch.zeros(2), torch.zeros(2)
+    work = dist.irecv(first, src=0, tag=1)
+    dist.recv(second, src=0, tag=2)
+    work.wait()
+    return [first.tolist(), second.tolist()]
+
+
+def test_a_blocking_send_taken_by_an_irecv_posted_before_passes(spawn):
+    assert spawn(blocking_send_received_by_an_earlier_irecv, timeout=DEADLINE)[1] == [
+        [1.0, 1.0], [2.0, 2.0]
+    ]

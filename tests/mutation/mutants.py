@@ -97,6 +97,9 @@ def lint_case(name: str) -> str:
 
 # The collective check over the space of calls (issue 48), and group methods traced.
 CHECK_SPACE = "the collective check over the space of calls"
+SAME_RANKS = "two groups over the same ranks, and a send and its receive of another tag or group"
+T_SAME_RANKS = (f"{T_FINGERPRINT}::test_two_groups_over_the_same_ranks_are_told_apart_by_their_"
+                "names_in_seconds")
 T_SPACE = "tests/harness/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
 ISSUE_48 = [
@@ -171,8 +174,8 @@ ISSUE_48 = [
     ),
     Mutant(
         "rank-on-another-group-unseen", CHECK_SPACE, CHECK,
-        '    return slot.last.split(" at ", 1)[0] if needs_me and not same_group else ""',
-        '    return ""',
+        "    if not needs_me or same_group:",
+        "    if True:",
         (f"{T_FINGERPRINT}::test_a_rank_on_a_subgroup_while_its_peers_are_on_the_world_is_named_in_"
          "seconds",),
     ),
@@ -180,6 +183,33 @@ ISSUE_48 = [
         "receive-left-unchecked", CHECK_SPACE, CHECK,
         "        if sent != signatures.payload(self.call):", "        if False:",
         (f"{T_FINGERPRINT}::test_a_receive_of_another_dtype_than_its_send_fails_naming_both",),
+    ),
+    Mutant(
+        "group-names-uncompared", SAME_RANKS, SIGNATURES,
+        '    named = group_name(call.get("group"))', '    named = ""',
+        (f"{T_SAME_RANKS}[groups-of-every-rank]",),
+    ),
+    Mutant(
+        "same-ranks-subgroups-taken-for-one", SAME_RANKS, CHECK,
+        "        same_group = slot.group == named", "        same_group = True",
+        (f"{T_SAME_RANKS}[subgroups]",),
+    ),
+    Mutant(
+        "groups-over-the-same-ranks-unnamed", SAME_RANKS, CHECK,
+        "    if len(names) > 1 and len(groups) == 1:", "    if False:",
+        (f"{T_SAME_RANKS}[groups-of-every-rank]",),
+    ),
+    Mutant(
+        "receive-waits-blind", SAME_RANKS, CHECK,
+        "        _wait_for([self.key], [self.sender], self.display, self.count, named)",
+        "        _store.wait([self.key])",
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds",),
+    ),
+    Mutant(
+        "point-to-point-tags-undescribed", SAME_RANKS, SIGNATURES,
+        "    tag = [f\"tag={int(call['tag'])}\"] if call.get(\"tag\") else []  # a send's or receive's",
+        "    tag = []",
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds",),
     ),
     Mutant(
         "full-size-backend-group-unchecked", CHECK_SPACE, CHECK,

@@ -211,7 +211,8 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
         # Inside until the call returns (the fingerprint check blocks even for an async
         # op); an async op then counts as inside again while its Work is waited on
         # (``_traced_wait``). A blocking send or recv waits on its one peer.
-        _slot.write(STATE_INSIDE, f"#{_count} {signature} at {_call_site(3)}", _count, members)
+        _slot.write(STATE_INSIDE, f"#{_count} {signature} at {_call_site(3)}", _count, members,
+                    signatures.group_name(call.get("group")))  # fmt: skip
     _nesting.depth = getattr(_nesting, "depth", 0) + 1
     try:
         receives: list[tuple[int, Any]] = []

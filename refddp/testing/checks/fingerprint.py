@@ -18,24 +18,32 @@ where torch completes it; docs/known-limitations.md):
   record under (group, k-th checked collective of that group, its group rank); the group's rank
   0 compares them and posts the verdict every member reads. A member that never comes is seen in
   the waiting ranks' own slot files: one blocked for ``CONFLICT_CONFIRM_S`` in another
-  collective that needs this rank (a different group, a receive from it) can never come, and
-  the waiting rank raises, naming both.
+  collective that needs this rank (a different group, of other ranks or of the same ranks, told
+  apart by the name torch gave it; a receive from it) can never come, and the waiting rank
+  raises, naming both.
 - **A send and its receive**: the sender posts its tensor's element count and dtype under
   (group, src, dst, tag, n-th such send) before sending; the receiver compares before a blocking
   receive (the sender posts before it sends, so that wait is no longer than the receive's), and
-  at its ``Work.wait()`` for an ``irecv`` (at once if the sender has posted already).
+  at its ``Work.wait()`` for an ``irecv`` (at once if the sender has posted already). While it
+  waits it watches the sender's slot, as a subgroup's members do: a sender blocked in a send
+  of another tag or on another group, a receive from this rank or a collective that needs it
+  never posts, and the receiver raises, naming both calls.
+
+On a group of every rank, collectives are compared in the order each rank issues them, whatever
+their group: two groups over the same ranks (or the default group and another of every rank)
+used in different orders by different ranks fail the check, even where every call was
+``async_op=True`` and torch would complete them.
 
 Not checked: a backend object smaller than the world (torch never registered its ranks), a
 receive from any source (and a later receive from that sender may then be compared with the
-message before its own), ``monitored_barrier`` (it exists to name a missing rank), and two
-different groups over the same ranks (compared by their ranks, they look alike).
+message before its own), and ``monitored_barrier`` (it exists to name a missing rank).
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
+import re
 import time
 from typing import Any
 
@@ -48,7 +56,10 @@ PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x 
 TEXT_BYTES = 1024  # of each rank's description, all-gathered on a mismatch
 CONFLICT_CONFIRM_S = 2.0  # a peer seen this long in a collective that needs us cannot come
 POLL_MAX_S = 0.02  # the longest pause between two looks at the store while waiting
-RECEIVE_WAIT = datetime.timedelta(hours=24)  # hangs are the driver's to report, not ours
+# Said where two ranks' calls name the same ranks but torch's groups differ.
+SAME_RANKS_APART = ("two different groups over the same ranks (each new_group call makes "
+                    "another communicator, named in the order made)")  # fmt: skip
+_GROUP_TEXT = re.compile(r"group=\[[^\]]*\]")
 
 
 class CollectiveMismatch(RuntimeError):
@@ -104,6 +115,20 @@ def new_task() -> None:
     _task += 1
     _group_counts.clear()
     _p2p_counts.clear()
+
+
+def _told_apart(listed: list[tuple[int, str, str]], why: str = "") -> CollectiveMismatch:
+    """The mismatch of ``listed`` (rank, "#N description", its group's name): where the calls
+    name the same ranks' group but torch's groups differ, which their descriptions cannot
+    show, each says its group's name, and why."""
+    names = {name for _, _, name in listed if name}
+    groups = {found.group(0) if (found := _GROUP_TEXT.search(text)) else ""
+              for _, text, _ in listed}  # fmt: skip
+    if len(names) > 1 and len(groups) == 1:
+        listed = [(rank, f"{text} on group '{name}'" if name else text, name)
+                  for rank, text, name in listed]  # fmt: skip
+        why = why or SAME_RANKS_APART
+    return _mismatch([(rank, text) for rank, text, _ in sorted(listed)], why)
 
 
 def _mismatch(listed: list[tuple[int, str]], why: str = "") -> CollectiveMismatch:
@@ -167,8 +192,9 @@ def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: P
 
     assert _board is not None  # (enable_fingerprint_check refuses a checker without a workdir)
     digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
+    named = signatures.group_name(group)
     if not _board.all_alike(digest):
-        _name_the_mismatch(checker, display, count)
+        _name_the_mismatch(checker, display, count, named=named)
     world_size = dist.get_world_size(checker)
     if pairs is not None and world_size <= PAIRING_LIMIT:
         # Row i of each matrix is group rank i's: what it sends each rank, what it expects.
@@ -179,24 +205,26 @@ def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: P
         ranks = ranks if isinstance(ranks, list) else list(range(world_size))
         why = signatures.unpaired(sizes[0].tolist(), sizes[1].tolist(), ranks)
         if why:
-            _name_the_mismatch(checker, display, count, why)  # refddp: ignore[RDL101]
+            _name_the_mismatch(checker, display, count, why, named)  # refddp: ignore[RDL101]
 
 
-def _name_the_mismatch(checker: Any, display: str, count: int, why: str = "") -> None:
-    """All-gather every rank's description and count, and raise naming each distinct one with
-    the ranks running it (an all-gather of every rank's text costs several times a board round
-    on many ranks: only on a mismatch)."""
+def _name_the_mismatch(checker: Any, display: str, count: int, why: str = "", named: str = ""
+                       ) -> None:  # fmt: skip
+    """All-gather every rank's description, count and group name, and raise naming each
+    distinct description with the ranks running it (an all-gather of every rank's text costs
+    several times a board round on many ranks: only on a mismatch)."""
     import torch
     import torch.distributed as dist
 
-    data = display.encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
+    data = f"{named}\x1f{display}".encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
     mine = torch.frombuffer(bytearray(data + count.to_bytes(8, "little")), dtype=torch.uint8)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(checker))]
     dist.distributed_c10d.all_gather(everyone, mine, group=checker)
     raw = [bytes(t.tolist()) for t in everyone]
-    seen = [r[:TEXT_BYTES].rstrip(b"\0").decode(errors="replace") for r in raw]
+    seen = [r[:TEXT_BYTES].rstrip(b"\0").decode(errors="replace").partition("\x1f") for r in raw]
     counts = [int.from_bytes(r[TEXT_BYTES:], "little") for r in raw]
-    raise _mismatch([(r, f"#{counts[r]} {s}") for r, s in enumerate(seen)], why)
+    raise _told_apart([(r, f"#{counts[r]} {text}", name) for r, (name, _, text) in enumerate(seen)],
+                      why)  # fmt: skip
 
 
 def _group_key(group: Any) -> str:
@@ -215,16 +243,17 @@ def _on_subgroup(members: list[int], index: int, group: Any, fingerprint: str, d
     n = _group_counts[key] = _group_counts.get(key, 0) + 1
     base = f"{_task}/{key}/{n}/"
     _store.set(base + str(index), json.dumps([fingerprint, display, count, pairs]))
+    named = signatures.group_name(group)
     if index == 0:
         posts = [base + str(i) for i in range(len(members))]
-        _wait_for(posts, members, display, count)
+        _wait_for(posts, members, display, count, named)
         records = [json.loads(v) for v in _store.multi_get(posts)]
         verdict = _verdict(records, members)
         _store.set(base + "verdict", verdict)
         if n > 1:  # every member read it: each posted this collective's record after
             _store.delete_key(f"{_task}/{key}/{n - 1}/verdict")
     else:
-        _wait_for([base + "verdict"], members, display, count)
+        _wait_for([base + "verdict"], members, display, count, named)
         verdict = _store.get(base + "verdict").decode()
     _store.delete_key(base + str(index))  # (rank 0 has read it: the verdict is out)
     if verdict:
@@ -243,36 +272,43 @@ def _verdict(records: list[list], members: list[int]) -> str:
     return ""
 
 
-def _wait_for(keys: list[str], members: list[int], display: str, count: int) -> None:
-    """Until every key is in the store. Meanwhile, look at the other members' slots: a member
-    blocked in another collective that needs this rank can never post (a certain hang), and
-    this rank raises naming both collectives."""
+def _wait_for(keys: list[str], members: list[int], display: str, count: int, named: str = ""
+              ) -> None:  # fmt: skip
+    """Until every key is in the store. Meanwhile, look at the other members' slots (the
+    group's, or a receive's sender): a member blocked in another call that needs this rank
+    can never post (a certain hang), and this rank raises naming both calls. ``named``: the
+    name of this call's group (``signatures.group_name``)."""
     import torch.distributed as dist
 
     me, pause, seen = dist.get_rank(), 0.0002, {}
     while not _store.check(keys):
         for member in members:
-            conflict = _conflict(member, me, members) if member != me else ""
-            if not conflict or seen.get(member, ("",))[0] != conflict:
+            conflict = _conflict(member, me, members, named) if member != me else None
+            if not conflict or seen.get(member, (None,))[0] != conflict:
                 seen[member] = (conflict, time.monotonic())
             elif time.monotonic() - seen[member][1] >= CONFLICT_CONFIRM_S:
-                raise _mismatch([(me, f"#{count} {display}"), (member, conflict)])
+                raise _told_apart([(me, f"#{count} {display}", named), (member, *conflict)])
         time.sleep(pause)  # a store look is a round trip: back off, up to POLL_MAX_S
         pause = min(pause * 2, POLL_MAX_S)
 
 
-def _conflict(member: int, me: int, members: list[int]) -> str:
-    """What ``member`` is blocked in, if that is a collective of another group than this one,
+def _conflict(member: int, me: int, members: list[int], named: str) -> tuple[str, str] | None:
+    """What ``member`` is blocked in (its description and group's name), if that is a call
+    on another group than this one (``named``; other ranks, or the same ranks' other group),
     issued there and then (not an async one's wait: this rank may have issued it already),
-    that needs this rank; else ""."""
+    that needs this rank; else None."""
     if _workdir is None:
-        return ""
+        return None
     slot = read_slot(slot_path_for(_workdir, member))
     if not slot.inside or ASYNC_WAIT in slot.last:
-        return ""
+        return None
     needs_me = slot.on_world or (slot.members is not None and me in slot.members)
     same_group = not slot.on_world and slot.members == frozenset(members)
-    return slot.last.split(" at ", 1)[0] if needs_me and not same_group else ""
+    if same_group and slot.group and named:  # (a group with a name: the name tells)
+        same_group = slot.group == named
+    if not needs_me or same_group:
+        return None
+    return slot.last.split(" at ", 1)[0], slot.group
 
 
 # -- point to point ----------------------------------------------------------------------------
@@ -308,8 +344,9 @@ class Receive:
     yet; calling it waits for that post (the sender posts before it sends, so no longer than
     the data takes), then raises on a mismatch."""
 
-    def __init__(self, key: str, call: dict[str, Any], display: str, count: int):
+    def __init__(self, key: str, call: dict[str, Any], display: str, count: int, sender: int):
         self.key, self.call, self.display, self.count = key, call, display, count
+        self.sender = sender
 
     def posted(self) -> bool:
         return bool(_store.check([self.key]))
@@ -317,7 +354,10 @@ class Receive:
     def __call__(self) -> None:
         import torch.distributed as dist
 
-        _store.wait([self.key], RECEIVE_WAIT)
+        # Watching the sender meanwhile: blocked in another call that needs this rank (a send
+        # of another tag, on another group, a receive from this rank), it never posts.
+        named = signatures.group_name(self.call.get("group"))
+        _wait_for([self.key], [self.sender], self.display, self.count, named)
         sent, sent_display, sent_count, sender = json.loads(_store.get(self.key))
         _store.delete_key(self.key)
         if sent != signatures.payload(self.call):
@@ -334,4 +374,4 @@ def receive_check(call: dict[str, Any], display: str, count: int) -> Receive | N
     if _store is None or src is None:
         return None
     key = _p2p_key(call.get("group"), src, dist.get_rank(), int(call.get("tag") or 0))
-    return Receive(key, call, display, count) if key is not None else None
+    return Receive(key, call, display, count, src) if key is not None else None

@@ -2,16 +2,18 @@
 
 Every collective a rank enters is described twice. For people, ``describe``: the record, the
 slot and every report show the name, each tensor's shape and dtype, the reduce op, the root,
-the group and all_to_all_single's split sizes. For the check, ``fingerprint``: exactly what
-torch's documented semantics require every rank of the group to pass alike (the table
-``AGREE``), after defaults and aliases are filled in, so that ``all_reduce(t)`` and
-``group.allreduce([t])`` agree. What may differ between ranks stays out of the fingerprint:
-async_op; the list only the root passes to gather and scatter; a rank's own part of all_gather
-and reduce_scatter, whose size the list every rank passes decides (its dtype is compared); the
-objects of the object collectives; and all_to_all's split sizes, which must pair up instead
-(``pairing``: rank i's part for rank j is what rank j expects from rank i), a cross-rank
-relation a hash cannot compare. Point-to-point calls compare their tensor's element count and
-dtype with the peer's (``payload``).
+the group, all_to_all_single's split sizes and a point-to-point call's tag. For the check,
+``fingerprint``: exactly what torch's documented semantics require every rank of the group to
+pass alike (the table ``AGREE``), after defaults and aliases are filled in, so that
+``all_reduce(t)`` and ``group.allreduce([t])`` agree, and the group by its ranks and the name
+torch gave it (``group_name``: two ``new_group`` calls over the same ranks make two
+communicators, which the descriptions show alike). What may differ between ranks stays out
+of the fingerprint: async_op; the list only the root passes to gather and scatter; a rank's own
+part of all_gather and reduce_scatter, whose size the list every rank passes decides (its dtype
+is compared); the objects of the object collectives; and all_to_all's split sizes, which must
+pair up instead (``pairing``: rank i's part for rank j is what rank j expects from rank i), a
+cross-rank relation a hash cannot compare. Point-to-point calls compare their tensor's element
+count and dtype with the peer's (``payload``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,20 @@ def group_ranks(group: Any) -> list[int] | str | None:
         return f"unregistered({group.size()})"
 
 
+def group_name(group: Any) -> str:
+    """The name torch gave a registered group other than the default one; "" for the default
+    group, for one torch never registered, and where torch has no name. Every rank calls
+    ``new_group`` for every group, in the same order, and torch names each one as it is made:
+    two groups over the same ranks differ in their name alone."""
+    ranks = group_ranks(group)
+    if not isinstance(ranks, list):
+        return ""
+    try:
+        return str(getattr(group, "group_name", "") or "")
+    except RuntimeError:  # (a group torch has already destroyed)
+        return ""
+
+
 def _root(call: dict[str, Any], plain: str, in_group: str) -> tuple[str, int] | None:
     """The call's root as a global rank (``src=2``), or as the group's rank where the group
     is one torch never registered (``group_src=1``)."""
@@ -177,10 +193,12 @@ def describe(name: str, call: dict[str, Any], alike: bool = False) -> str:
         for op in call.get("p2p_op_list") or ():
             kind = getattr(op.op, "__name__", "op")
             peer = "dst" if kind == "isend" else "src"
-            parts.append(describe(kind, {"tensor": op.tensor, peer: op.peer, "group": op.group}))
+            parts.append(describe(kind, {"tensor": op.tensor, peer: op.peer, "group": op.group,
+                                         "tag": getattr(op, "tag", 0)}))  # fmt: skip
     if name == "broadcast_object_list" and isinstance(call.get("object_list"), list | tuple):
         parts.append(f"{len(call['object_list'])} object(s)")
-    return f"{name}({', '.join(parts + _common(call))})"
+    tag = [f"tag={int(call['tag'])}"] if call.get("tag") else []  # a send's or receive's
+    return f"{name}({', '.join(parts + _common(call) + tag)})"
 
 
 def fingerprint(name: str, call: dict[str, Any]) -> str:
@@ -191,7 +209,9 @@ def fingerprint(name: str, call: dict[str, Any]) -> str:
         parts = [s for s in map(shape_text, call.values()) if s is not None]
     else:
         parts = [f"{arg}={_view_text(call.get(arg), view)}" for arg, view in views.items()]
-    return f"{name}({', '.join(parts + _common(call))})"
+    # Which of the groups over these ranks: the same ranks' two groups are two communicators.
+    named = group_name(call.get("group"))
+    return f"{name}({', '.join(parts + _common(call) + ([f'name={named}'] if named else []))})"
 
 
 def _splits(given: Any, tensor: Any, size: int) -> list[int]:
