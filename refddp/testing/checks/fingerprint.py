@@ -55,7 +55,10 @@ from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
 PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)
 TEXT_BYTES = 1024  # of each rank's description, all-gathered on a mismatch
 CONFLICT_CONFIRM_S = 2.0  # a peer seen this long in a collective that needs us cannot come
-POLL_MAX_S = 0.02  # the longest pause between two looks at the store while waiting
+# The pauses between two looks at the store while waiting: short at first (most posts come
+# within a millisecond: a blocking receive waits for its send's), longer past POLL_SOON_S.
+POLL_MIN_S, POLL_SOON_S, POLL_SOON_MAX_S, POLL_MAX_S = 0.00002, 0.1, 0.001, 0.02
+SLOT_LOOK_S = 0.01  # how often a waiting rank reads its peers' slots
 # Said where two ranks' calls name the same ranks but torch's groups differ.
 SAME_RANKS_APART = ("two different groups over the same ranks (each new_group call makes "
                     "another communicator, named in the order made)")  # fmt: skip
@@ -280,16 +283,20 @@ def _wait_for(keys: list[str], members: list[int], display: str, count: int, nam
     name of this call's group (``signatures.group_name``)."""
     import torch.distributed as dist
 
-    me, pause, seen = dist.get_rank(), 0.0002, {}
+    me, pause, seen = dist.get_rank(), POLL_MIN_S, {}
+    started = looked = time.monotonic()
     while not _store.check(keys):
-        for member in members:
-            conflict = _conflict(member, me, members, named) if member != me else None
-            if not conflict or seen.get(member, (None,))[0] != conflict:
-                seen[member] = (conflict, time.monotonic())
-            elif time.monotonic() - seen[member][1] >= CONFLICT_CONFIRM_S:
-                raise _told_apart([(me, f"#{count} {display}", named), (member, *conflict)])
-        time.sleep(pause)  # a store look is a round trip: back off, up to POLL_MAX_S
-        pause = min(pause * 2, POLL_MAX_S)
+        now = time.monotonic()
+        if now - looked >= SLOT_LOOK_S:  # (a slot file read costs as much as a store look)
+            looked = now
+            for member in members:
+                conflict = _conflict(member, me, members, named) if member != me else None
+                if not conflict or seen.get(member, (None,))[0] != conflict:
+                    seen[member] = (conflict, now)
+                elif now - seen[member][1] >= CONFLICT_CONFIRM_S:
+                    raise _told_apart([(me, f"#{count} {display}", named), (member, *conflict)])
+        time.sleep(pause)  # a store look is a round trip: back off, the more the longer it waits
+        pause = min(pause * 2, POLL_MAX_S if now - started > POLL_SOON_S else POLL_SOON_MAX_S)
 
 
 def _conflict(member: int, me: int, members: list[int], named: str) -> tuple[str, str] | None:
