@@ -23,7 +23,25 @@ class SlotReading(NamedTuple):
     on_world: bool  # it involves every rank of the default group
     members: frozenset[int] | None = None  # else the global ranks it needs; None if unknown
     entered: int = 0  # collectives the rank entered in the task so far
-    group: str = ""  # the name torch gave its group ("": the default group, or unknown)
+    group: str = ""  # its group's number (``signatures.group_name``; "": default, or unknown)
+    position: int = 0  # it is the rank's n-th call on its group this task (0: point to point)
+
+    @property
+    def sequence(self) -> str:
+        """The group whose calls ``position`` counts (``sequence_key``)."""
+        return sequence_key("*" if self.on_world else _ranks_text(self.members), self.group)
+
+
+def sequence_key(members: str, group: str) -> str:
+    """Which group a call's position counts on: its members as the slot writes them ("*":
+    every rank) and its group's number, so that two groups over the same ranks count apart."""
+    if members not in ("*", "?", ""):
+        members = ",".join(sorted(members.split(","), key=int))
+    return f"{members}|{group}"
+
+
+def _ranks_text(members: frozenset[int] | None) -> str:
+    return "?" if members is None else ",".join(map(str, sorted(members)))
 
 
 def slot_path_for(workdir: str, rank: int) -> str:
@@ -39,14 +57,15 @@ class Slot:
             self._map = mmap.mmap(f.fileno(), SLOT_BYTES)
         self.write(STATE_OUTSIDE, "", 0)
 
-    def write(self, state: bytes, text: str, count: int, members: str = "*", group: str = ""
-              ) -> None:  # fmt: skip
+    def write(self, state: bytes, text: str, count: int, members: str = "*", group: str = "",
+              position: int = 0) -> None:  # fmt: skip
         """The state byte, who the collective waits on ("*", "0,2" or "?": a list too long for
-        the slot counts as unknown), its group's name (``signatures.group_name``), the task's
-        collective count, then the text the reports show, separated by unit separators."""
+        the slot counts as unknown), its group's number (``signatures.group_name``), its
+        position on that group, the task's collective count, then the text the reports show,
+        separated by unit separators."""
         if len(members) > SLOT_BYTES // 2:
             members = "?"
-        fields = f"{members}\x1f{group}\x1f{count}\x1f{text}".encode()
+        fields = f"{members}\x1f{group}\x1f{position}\x1f{count}\x1f{text}".encode()
         data = (state + fields)[: SLOT_BYTES - 1]
         self._map[:] = data + b"\0" * (SLOT_BYTES - len(data))
 
@@ -68,14 +87,15 @@ def read_slot(slot_path: str) -> SlotReading:
     state, rest = data[:1], data[1:].split(b"\0", 1)[0].decode(errors="replace")
     who, _, rest = rest.partition("\x1f")
     group, _, rest = rest.partition("\x1f")
+    position, _, rest = rest.partition("\x1f")
     count, _, text = rest.partition("\x1f")
     members = None
     try:
         if who not in ("*", "?", ""):
             members = frozenset(int(r) for r in who.split(","))
-        entered = int(count or 0)
+        entered, at = int(count or 0), int(position or 0)
     except ValueError:
-        members, entered = None, 0
+        members, entered, at = None, 0, 0
     # Who the collective waits on stays written after it returned or raised (only the state
     # byte is reset): a failed rank's report can still tell which ranks its collective needed.
-    return SlotReading(text, state != STATE_OUTSIDE, who == "*", members, entered, group)
+    return SlotReading(text, state != STATE_OUTSIDE, who == "*", members, entered, group, at)

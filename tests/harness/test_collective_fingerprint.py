@@ -2,10 +2,11 @@
 sees mismatched buffers: dtypes (the issue's all_gather of float32 against int32, whose bytes
 gloo would reinterpret), all_to_all's split sizes that do not pair up, a send and its receive,
 a subgroup's members, a rank on another group than its peers, two groups over the same ranks
-(told apart by the names torch gave them) and a receive whose sender sends another tag; and
+(told apart by the numbers torch gave them) and a receive whose sender sends another tag; and
 lets through what torch allows (broadcast's shape at an equal element count, groups over the
-same ranks used alike, tagged messages received in another order). Shapes, order and reduce ops on the
-default group: test_harness.py; the whole space of calls: test_collective_space.py."""
+same ranks used alike, tagged messages received in another order, a sender still finishing a
+collective, a slow send an irecv will take). Shapes, order and reduce ops on the default
+group: test_harness.py; the whole space of calls: test_collective_space.py."""
 
 import time
 
@@ -210,7 +211,8 @@ def test_two_groups_over_the_same_ranks_are_told_apart_by_their_names_in_seconds
     call = f"all_reduce((2,):float32, SUM, group={ranks})"
     report = str(info.value)
     assert "Detected mismatch between collectives" in report, report
-    assert f"#1 {call} on group '" in report and "two different groups over the same ranks" in report
+    assert f"#1 {call} on group '" in report
+    assert "two different groups over the same ranks" in report
     named = {part.split("on group '")[1].split("'")[0] for part in report.split(";")[:2]}
     assert len(named) == 2, report
 
@@ -242,14 +244,27 @@ def send_and_receive_of_other_tags():
         dist.recv(t, src=0, tag=2)  # gloo: each waits for the other for good
 
 
-def test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds(spawn):
+def barrier_against_recv():
+    # Rank 1 waits to receive from rank 0, which waits in a barrier for rank 1.
+    if dist.get_rank() == 0:
+        dist.barrier()
+    else:
+        dist.recv(torch.zeros(2), src=0)
+
+
+@pytest.mark.parametrize("task, sender_runs", [
+    (send_and_receive_of_other_tags, "send((2,):float32, dst=1, tag=1)"),
+    (barrier_against_recv, "barrier()"),
+], ids=["a-send-of-another-tag", "a-collective"])  # fmt: skip
+def test_a_receive_whose_sender_cannot_post_is_named_in_seconds(spawn, task, sender_runs):
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        spawn(send_and_receive_of_other_tags, timeout=DEADLINE)
+        spawn(task, timeout=DEADLINE)
     assert time.monotonic() - start < 15, "named by the check, not by the deadline"
+    receives = "recv((2,):float32, src=0" + (", tag=2)" if "tag" in sender_runs else ")")
     assert (
-        "Detected mismatch between collectives on ranks: rank 0 is running #1 send((2,):float32, "
-        "dst=1, tag=1); rank 1 is running #1 recv((2,):float32, src=0, tag=2)"
+        f"Detected mismatch between collectives on ranks: rank 0 is running #1 {sender_runs}; "
+        f"rank 1 is running #1 {receives}"
     ) in str(info.value)
 
 
@@ -310,3 +325,59 @@ def test_a_blocking_send_taken_by_an_irecv_posted_before_passes(spawn):
     assert spawn(blocking_send_received_by_an_earlier_irecv, timeout=DEADLINE)[1] == [
         [1.0, 1.0], [2.0, 2.0]
     ]
+
+
+def _slowly_restored(seconds):
+    if dist.get_rank() == 1:
+        time.sleep(seconds)  # unpickled on rank 1 only: it finishes the broadcast late
+    return "object"
+
+
+class SlowToUnpickle:
+    def __reduce__(self):
+        return _slowly_restored, (2.5,)
+
+
+def receive_after_a_broadcast_its_sender_finishes_late():
+    # Legal: rank 0 leaves the broadcast at once and waits to receive from rank 1, which is
+    # still unpickling the object for 2.5 s (longer than the check's wait before it names a
+    # peer): rank 1 is in a call rank 0 has been in, finishing it, not waiting for rank 0.
+    objects = [SlowToUnpickle() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(objects, src=0)
+    t = torch.full((2,), float(dist.get_rank()))
+    if dist.get_rank() == 0:
+        dist.recv(t, src=1)
+    else:
+        dist.send(t, dst=0)
+    return t.tolist()
+
+
+def test_a_receive_whose_sender_is_still_finishing_a_collective_it_left_passes(spawn):
+    assert spawn(receive_after_a_broadcast_its_sender_finishes_late, timeout=DEADLINE) == [
+        [1.0, 1.0], [1.0, 1.0]
+    ]
+
+
+def test_ranks_waiting_for_good_on_one_another_are_named_with_their_groups_unchecked():
+    # Without the check (debug=False) the driver names the hang: no finished rank is among
+    # those the two calls need, each waits for the other in its own group.
+    from refddp.testing import RankTimeout
+    from refddp.testing.driver.warm_pools import spawn_ranks
+
+    with pytest.raises(RankTimeout) as info:
+        spawn_ranks(two_groups_over_the_same_ranks, [0, 2], world_size=3, timeout=DEADLINE,
+                    debug=False)  # fmt: skip
+    headline = str(info.value).splitlines()[0]
+    assert "rank(s) [0, 2] wait for good on one another: rank 0 in #1 all_reduce(" in headline
+    assert "a certain hang" in headline and "on group '" in headline, headline
+
+
+def test_a_slow_send_that_an_irecv_in_flight_takes_passes(spawn):
+    # Legal: rank 0's send of tag 1 takes 2.5 s (a large tensor on a slow link, injected as a
+    # delay in the send) while rank 1, its irecv of tag 1 in flight, waits for tag 2: the irecv
+    # will take that send, so it is no hang, however long the send takes.
+    from refddp.testing import faults
+
+    results = spawn(blocking_send_received_by_an_earlier_irecv, timeout=DEADLINE,
+                    faults=[faults.delay(0, 1, 2.5)])  # fmt: skip
+    assert results[1] == [[1.0, 1.0], [2.0, 2.0]]

@@ -185,8 +185,8 @@ ISSUE_48 = [
         (f"{T_FINGERPRINT}::test_a_receive_of_another_dtype_than_its_send_fails_naming_both",),
     ),
     Mutant(
-        "group-names-uncompared", SAME_RANKS, SIGNATURES,
-        '    named = group_name(call.get("group"))', '    named = ""',
+        "group-names-uncompared", SAME_RANKS, COLLECTIVES,
+        '    named = signatures.group_name(call.get("group"))', '    named = ""',
         (f"{T_SAME_RANKS}[groups-of-every-rank]",),
     ),
     Mutant(
@@ -196,20 +196,42 @@ ISSUE_48 = [
     ),
     Mutant(
         "groups-over-the-same-ranks-unnamed", SAME_RANKS, CHECK,
-        "    if len(names) > 1 and len(groups) == 1:", "    if False:",
+        "    if alike or pair:", "    if False:",
         (f"{T_SAME_RANKS}[groups-of-every-rank]",),
+    ),
+    Mutant(
+        "peer-finishing-a-call-taken-for-a-hang", SAME_RANKS, CHECK,
+        "    if slot.position and _entered.get(slot.sequence, 0) >= slot.position:",
+        "    if False:",
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_is_still_finishing_a_collective_it_"
+         "left_passes",),
+    ),
+    Mutant(
+        "slow-send-to-an-irecv-taken-for-a-hang", SAME_RANKS, CHECK,
+        "    if not slot.position and unwaited_with(member):", "    if False:",
+        (f"{T_FINGERPRINT}::test_a_slow_send_that_an_irecv_in_flight_takes_passes",),
+    ),
+    Mutant(
+        "ranks-waiting-on-one-another-unnamed", SAME_RANKS, "refddp/testing/driver/tasks.py",
+        "                        if absent else waiting_on_one_another_headline(one_sided, slots, "
+        "certain))",
+        "                        )",
+        (f"{T_FINGERPRINT}::test_ranks_waiting_for_good_on_one_another_are_named_with_their_"
+         "groups_unchecked",),
     ),
     Mutant(
         "receive-waits-blind", SAME_RANKS, CHECK,
         "        _wait_for([self.key], [self.sender], self.display, self.count, named)",
         "        _store.wait([self.key])",
-        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds",),
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_cannot_post_is_named_in_seconds"
+         "[a-send-of-another-tag]",),
     ),
     Mutant(
         "point-to-point-tags-undescribed", SAME_RANKS, SIGNATURES,
         "    tag = [f\"tag={int(call['tag'])}\"] if call.get(\"tag\") else []  # a send's or receive's",
         "    tag = []",
-        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_sends_another_tag_is_named_in_seconds",),
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_cannot_post_is_named_in_seconds"
+         "[a-send-of-another-tag]",),
     ),
     Mutant(
         "full-size-backend-group-unchecked", CHECK_SPACE, CHECK,

@@ -92,6 +92,7 @@ _nesting = threading.local()  # .depth: traced calls this thread is inside
 _in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 _receives: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
 _original_wait: Any = None
+_comparing_for = threading.local()  # .work: the Work whose wait compares its receives
 
 
 def _members(name: str, call: dict[str, Any]) -> str:
@@ -146,6 +147,18 @@ def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     if plain and call.get(plain) is None and call.get(f"group_{plain}") is None:
         call[plain] = 0  # what torch takes for a root left out: global rank 0
     return call
+
+
+def in_flight_with(rank: int) -> bool:
+    """Whether an async call of this rank that involves ``rank`` has not been waited on yet
+    (besides the one whose wait is comparing its receives: ``_traced_wait``)."""
+    peer = str(rank)
+    return any(members in ("*", "?") or peer in members.split(",")
+               for work, (members, _) in list(_in_flight.items())
+               if work is not getattr(_comparing_for, "work", None))  # fmt: skip
+
+
+fingerprint_check.unwaited_with = in_flight_with
 
 
 def reset_count() -> None:
@@ -206,18 +219,22 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
         for log in _recorders:
             log.append(alike)
     members = _members(name, call)
+    named = signatures.group_name(call.get("group"))
+    # Its place among this rank's calls on its group: a peer blocked in a call this rank has
+    # entered is finishing it, not waiting for this rank (``fingerprint._conflict``).
+    position = 0 if name in _POINT_TO_POINT else fingerprint_check.enter(members, named)
     async_op = name in _NONBLOCKING or bool(call.get("async_op"))
     if _slot is not None:
         # Inside until the call returns (the fingerprint check blocks even for an async
         # op); an async op then counts as inside again while its Work is waited on
         # (``_traced_wait``). A blocking send or recv waits on its one peer.
         _slot.write(STATE_INSIDE, f"#{_count} {signature} at {_call_site(3)}", _count, members,
-                    signatures.group_name(call.get("group")))  # fmt: skip
+                    named, position)  # fmt: skip
     _nesting.depth = getattr(_nesting, "depth", 0) + 1
     try:
         receives: list[tuple[int, Any]] = []
         if _checker is not None and name not in _UNCHECKED:
-            fingerprint_check.check(_checker, name, call, signature, _count)
+            fingerprint_check.check(_checker, name, call, signature, _count, named)
         elif _checker is not None and name in _POINT_TO_POINT:
             receives = _pair_up(name, call, signature)
         if fault is not None:  # (a checked collective: every rank of its group is here)
@@ -332,8 +349,12 @@ def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's s
     if _slot is not None:
         _slot.write(STATE_INSIDE, f"{label} at {_call_site(2)}", _count, members)
     try:
-        for compare in compares:
-            compare()
+        _comparing_for.work = work
+        try:
+            for compare in compares:
+                compare()
+        finally:
+            _comparing_for.work = None
         done = _original_wait(work, *args, **kwargs)
     except BaseException as exc:
         _in_flight.pop(work, None)

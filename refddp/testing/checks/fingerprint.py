@@ -19,15 +19,17 @@ where torch completes it; docs/known-limitations.md):
   0 compares them and posts the verdict every member reads. A member that never comes is seen in
   the waiting ranks' own slot files: one blocked for ``CONFLICT_CONFIRM_S`` in another
   collective that needs this rank (a different group, of other ranks or of the same ranks, told
-  apart by the name torch gave it; a receive from it) can never come, and the waiting rank
-  raises, naming both.
+  apart by the number torch gave it; a receive from it) can never come, and the waiting rank
+  raises, naming both. Not a member still inside a collective this rank has entered too (its
+  position on its group, in its slot, tells: ``enter``): it is finishing it.
 - **A send and its receive**: the sender posts its tensor's element count and dtype under
   (group, src, dst, tag, n-th such send) before sending; the receiver compares before a blocking
   receive (the sender posts before it sends, so that wait is no longer than the receive's), and
   at its ``Work.wait()`` for an ``irecv`` (at once if the sender has posted already). While it
   waits it watches the sender's slot, as a subgroup's members do: a sender blocked in a send
   of another tag or on another group, a receive from this rank or a collective that needs it
-  never posts, and the receiver raises, naming both calls.
+  cannot post, and the receiver raises, naming both calls; unless this rank has an ``isend`` or
+  ``irecv`` involving that sender in flight, which may yet answer its send or receive.
 
 On a group of every rank, collectives are compared in the order each rank issues them, whatever
 their group: two groups over the same ranks (or the default group and another of every rank)
@@ -36,7 +38,9 @@ used in different orders by different ranks fail the check, even where every cal
 
 Not checked: a backend object smaller than the world (torch never registered its ranks), a
 receive from any source (and a later receive from that sender may then be compared with the
-message before its own), and ``monitored_barrier`` (it exists to name a missing rank).
+message before its own), ``monitored_barrier`` (it exists to name a missing rank), and the
+hashed names of groups that ``use_local_synchronization`` or ``split_group`` made (such groups
+are told apart by their ranks only: ``signatures.group_name``).
 """
 
 from __future__ import annotations
@@ -45,23 +49,26 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from refddp.testing import rank_lists
 from refddp.testing.checks import signatures
 from refddp.testing.checks.board import Board
-from refddp.testing.slots import ASYNC_WAIT, read_slot, slot_path_for
+from refddp.testing.slots import ASYNC_WAIT, read_slot, sequence_key, slot_path_for
 
 PAIRING_LIMIT = 64  # ranks: past it all_to_all's pairing is not checked (a W x W all-reduce)
 TEXT_BYTES = 1024  # of each rank's description, all-gathered on a mismatch
-CONFLICT_CONFIRM_S = 2.0  # a peer seen this long in a collective that needs us cannot come
+# A peer seen this long in a call that needs this rank, and that this rank has not entered,
+# cannot come (less than the driver's ONE_SIDED_CONFIRM_S, which would report it less well).
+CONFLICT_CONFIRM_S = 1.0
 # The pauses between two looks at the store while waiting: short at first (most posts come
 # within a millisecond: a blocking receive waits for its send's), longer past POLL_SOON_S.
 POLL_MIN_S, POLL_SOON_S, POLL_SOON_MAX_S, POLL_MAX_S = 0.00002, 0.1, 0.001, 0.02
 SLOT_LOOK_S = 0.01  # how often a waiting rank reads its peers' slots
 # Said where two ranks' calls name the same ranks but torch's groups differ.
 SAME_RANKS_APART = ("two different groups over the same ranks (each new_group call makes "
-                    "another communicator, named in the order made)")  # fmt: skip
+                    "another communicator, numbered in the order made)")  # fmt: skip
 _GROUP_TEXT = re.compile(r"group=\[[^\]]*\]")
 
 
@@ -74,6 +81,7 @@ _workdir: str | None = None  # where the ranks' slot files are
 _board: Board | None = None  # where groups of every rank compare their hashes
 _task = 0
 _group_counts: dict[str, int] = {}
+_entered: dict[str, int] = {}  # calls this rank entered on each group (slots.sequence_key)
 _p2p_counts: dict[tuple, int] = {}
 
 
@@ -117,21 +125,42 @@ def new_task() -> None:
     global _task
     _task += 1
     _group_counts.clear()
+    _entered.clear()
     _p2p_counts.clear()
 
 
 def _told_apart(listed: list[tuple[int, str, str]], why: str = "") -> CollectiveMismatch:
-    """The mismatch of ``listed`` (rank, "#N description", its group's name): where the calls
-    name the same ranks' group but torch's groups differ, which their descriptions cannot
-    show, each says its group's name, and why."""
-    names = {name for _, _, name in listed if name}
+    """The mismatch of ``listed`` (rank, "#N description", its group's number), where two
+    groups over the same ranks, whose calls describe alike, are told apart by their numbers:
+    calls that read the same but for the group, or a send and a receive on the same ranks'
+    two groups, each say their group's number, and why."""
+
+    def call(text: str) -> str:  # without its "#N"
+        return text.split(" ", 1)[-1]
+
+    numbers: dict[str, set[str]] = {}
+    for _, text, name in listed:
+        numbers.setdefault(call(text), set()).add(name)
+    alike = {text for text, names in numbers.items() if len(names - {""}) > 1}
+    kinds = sorted(call(text).split("(", 1)[0] for _, text, _ in listed)
     groups = {found.group(0) if (found := _GROUP_TEXT.search(text)) else ""
               for _, text, _ in listed}  # fmt: skip
-    if len(names) > 1 and len(groups) == 1:
-        listed = [(rank, f"{text} on group '{name}'" if name else text, name)
-                  for rank, text, name in listed]  # fmt: skip
+    pair = (len(listed) == 2 and kinds[0] in ("irecv", "isend", "recv", "send")
+            and {k.removeprefix("i") for k in kinds} == {"recv", "send"} and len(groups) == 1
+            and len({name for _, _, name in listed} - {""}) == 2)  # fmt: skip
+    if alike or pair:
+        listed = [(rank, f"{text} on group '{name}'" if name and (pair or call(text) in alike)
+                   else text, name) for rank, text, name in listed]  # fmt: skip
         why = why or SAME_RANKS_APART
     return _mismatch([(rank, text) for rank, text, _ in sorted(listed)], why)
+
+
+def enter(members: str, named: str) -> int:
+    """Count a call this rank enters on a group (``members`` as the slot writes them, and its
+    number); its position there, 1 for the first."""
+    key = sequence_key(members, named)
+    position = _entered[key] = _entered.get(key, 0) + 1
+    return position
 
 
 def _mismatch(listed: list[tuple[int, str]], why: str = "") -> CollectiveMismatch:
@@ -162,8 +191,10 @@ def _scope(group: Any, world_size: int) -> tuple[list[int] | None, int] | None:
     return (None, index) if len(ranks) == world_size else (ranks, index)
 
 
-def check(checker: Any, name: str, call: dict[str, Any], display: str, count: int) -> None:
-    """Compare this collective with the other ranks' of its group; raise on a mismatch."""
+def check(checker: Any, name: str, call: dict[str, Any], display: str, count: int,
+          named: str = "") -> None:  # fmt: skip
+    """Compare this collective with the other ranks' of its group; raise on a mismatch.
+    ``named``: its group's number (``signatures.group_name``)."""
     import torch.distributed as dist
 
     world_size = dist.get_world_size()
@@ -172,30 +203,30 @@ def check(checker: Any, name: str, call: dict[str, Any], display: str, count: in
         return
     members, index = scope
     size = world_size if members is None else len(members)
-    fingerprint = signatures.fingerprint(name, call)
+    fingerprint = signatures.fingerprint(name, call, named)
     pairs = signatures.pairing(name, call, size)
     # The lint reads ``members`` as rank-dependent (``_scope`` returns this rank's index beside
     # it); it is the group's, the same on every rank that makes the call.
     if members is None:
         _on_world(  # refddp: ignore[RDL101]
-            checker, fingerprint, display, count, pairs, index, call.get("group")
+            checker, fingerprint, display, count, pairs, index, call.get("group"), named
         )
     elif _store is not None:
-        _on_subgroup(members, index, call.get("group"), fingerprint, display, count, pairs)
+        _on_subgroup(members, index, call.get("group"), fingerprint, display, count, pairs,
+                     named)  # fmt: skip
 
 
 Pairs = tuple[list[int], list[int]]
 
 
 def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: Pairs | None,
-              index: int, group: Any) -> None:  # fmt: skip
+              index: int, group: Any, named: str) -> None:  # fmt: skip
     """A 56-bit hash of each rank's fingerprint, compared on the pool's board."""
     import torch
     import torch.distributed as dist
 
     assert _board is not None  # (enable_fingerprint_check refuses a checker without a workdir)
     digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
-    named = signatures.group_name(group)
     if not _board.all_alike(digest):
         _name_the_mismatch(checker, display, count, named=named)
     world_size = dist.get_world_size(checker)
@@ -239,14 +270,13 @@ def _group_key(group: Any) -> str:
 
 
 def _on_subgroup(members: list[int], index: int, group: Any, fingerprint: str, display: str,
-                 count: int, pairs: Pairs | None) -> None:  # fmt: skip
+                 count: int, pairs: Pairs | None, named: str) -> None:  # fmt: skip
     """Through the store: every member posts its record, the group's rank 0 compares them and
     posts the verdict, every member raises on a mismatch."""
     key = _group_key(group)
     n = _group_counts[key] = _group_counts.get(key, 0) + 1
     base = f"{_task}/{key}/{n}/"
     _store.set(base + str(index), json.dumps([fingerprint, display, count, pairs]))
-    named = signatures.group_name(group)
     if index == 0:
         posts = [base + str(i) for i in range(len(members))]
         _wait_for(posts, members, display, count, named)
@@ -311,11 +341,24 @@ def _conflict(member: int, me: int, members: list[int], named: str) -> tuple[str
         return None
     needs_me = slot.on_world or (slot.members is not None and me in slot.members)
     same_group = not slot.on_world and slot.members == frozenset(members)
-    if same_group and slot.group and named:  # (a group with a name: the name tells)
+    if same_group and slot.group and named:  # (a group with a number: the number tells)
         same_group = slot.group == named
     if not needs_me or same_group:
         return None
+    if slot.position and _entered.get(slot.sequence, 0) >= slot.position:
+        return None  # a call this rank has been in too: the member is finishing it
+    if not slot.position and unwaited_with(member):
+        return None  # a send or receive this rank's isend or irecv, in flight, may answer
     return slot.last.split(" at ", 1)[0], slot.group
+
+
+def _nothing_in_flight(member: int) -> bool:
+    return False
+
+
+# Whether this rank has an async call involving a rank that it has not waited on yet:
+# ``collectives.in_flight_with``, set there (it tracks them, and imports this module).
+unwaited_with: Callable[[int], bool] = _nothing_in_flight
 
 
 # -- point to point ----------------------------------------------------------------------------

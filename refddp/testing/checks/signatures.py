@@ -122,17 +122,22 @@ def group_ranks(group: Any) -> list[int] | str | None:
 
 
 def group_name(group: Any) -> str:
-    """The name torch gave a registered group other than the default one; "" for the default
-    group, for one torch never registered, and where torch has no name. Every rank calls
-    ``new_group`` for every group, in the same order, and torch names each one as it is made:
-    two groups over the same ranks differ in their name alone."""
+    """The number torch named a registered group with, other than the default group; "" for
+    the default group, one torch never registered, one without a name, or one named by a hash.
+
+    ``new_group`` numbers the groups it makes in the order made, and every rank of the world
+    makes every group (a non-member too), so the same group has the same number on every rank
+    and two groups over the same ranks differ in it alone. A hashed name
+    (``use_local_synchronization``, ``split_group``) counts the groups each rank has seen,
+    which may differ between ranks on NCCL's split path: not compared."""
     ranks = group_ranks(group)
     if not isinstance(ranks, list):
         return ""
     try:
-        return str(getattr(group, "group_name", "") or "")
+        name = str(getattr(group, "group_name", "") or "")
     except RuntimeError:  # (a group torch has already destroyed)
         return ""
+    return name if name.isdigit() else ""
 
 
 def _root(call: dict[str, Any], plain: str, in_group: str) -> tuple[str, int] | None:
@@ -201,8 +206,9 @@ def describe(name: str, call: dict[str, Any], alike: bool = False) -> str:
     return f"{name}({', '.join(parts + _common(call) + tag)})"
 
 
-def fingerprint(name: str, call: dict[str, Any]) -> str:
-    """What every rank of the group must pass alike for this collective, as text."""
+def fingerprint(name: str, call: dict[str, Any], named: str = "") -> str:
+    """What every rank of the group must pass alike for this collective, as text (``named``:
+    its group's ``group_name``)."""
     name = canonical_name(name)
     views = AGREE.get(name)
     if views is None:
@@ -210,7 +216,6 @@ def fingerprint(name: str, call: dict[str, Any]) -> str:
     else:
         parts = [f"{arg}={_view_text(call.get(arg), view)}" for arg, view in views.items()]
     # Which of the groups over these ranks: the same ranks' two groups are two communicators.
-    named = group_name(call.get("group"))
     return f"{name}({', '.join(parts + _common(call) + ([f'name={named}'] if named else []))})"
 
 

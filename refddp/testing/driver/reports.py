@@ -280,6 +280,19 @@ def skipped_headline(absent: list[int], waiting: list[int], slots: dict[int, Slo
             f"{rank_list(waiting)} {how}")  # fmt: skip
 
 
+def waiting_on_one_another_headline(waiting: list[int], slots: dict[int, SlotReading],
+                                    how: str) -> str:  # fmt: skip
+    """ "rank(s) [0, 2] wait for good on one another: rank 0 in #1 all_reduce(...) on group '2';
+    rank 2 in ... <how>", where no finished rank is among those their calls need (each waits
+    in a call that only the others can complete: two groups over the same ranks, say)."""
+    calls = []
+    for rank in waiting:
+        slot = slots[rank]
+        call = slot.last.split(" at ", 1)[0]
+        calls.append(f"rank {rank} in {call}" + (f" on group '{slot.group}'" if slot.group else ""))
+    return f"rank(s) {rank_list(waiting)} wait for good on one another: {'; '.join(calls)} {how}"
+
+
 def blame(
     cause: int,
     replies: dict[int, Reply],

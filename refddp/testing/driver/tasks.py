@@ -33,6 +33,7 @@ from refddp.testing.driver.reports import (
     find_cause,
     finished_without_joining,
     skipped_headline,
+    waiting_on_one_another_headline,
 )
 from refddp.testing.faults import Fault
 from refddp.testing.payload import pickle_call
@@ -183,12 +184,10 @@ def _fail(
         )
     else:
         absent = finished_without_joining(one_sided, finished, slots)
+        certain = f"(a certain hang, reported after {elapsed:.1f} s, deadline {timeout_s:g} s)"
         if one_sided:
-            headline = skipped_headline(
-                absent, one_sided, slots,
-                f"are blocked in (a certain hang, reported after {elapsed:.1f} s, "
-                f"deadline {timeout_s:g} s)",
-            )  # fmt: skip
+            headline = (skipped_headline(absent, one_sided, slots, f"are blocked in {certain}")
+                        if absent else waiting_on_one_another_headline(one_sided, slots, certain))
             others = [r for r in pending if r not in one_sided]
             if others:
                 headline += f"; rank(s) {rank_list(others)} had not finished either"
