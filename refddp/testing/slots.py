@@ -27,9 +27,16 @@ class SlotReading(NamedTuple):
     position: int = 0  # it is the rank's n-th call on its group this task (0: point to point)
 
     @property
+    def call(self) -> str:
+        """The last call without where it was made: "#3 barrier()"."""
+        return self.last.split(" at ", 1)[0]
+
+    @property
     def sequence(self) -> str:
         """The group whose calls ``position`` counts (``sequence_key``)."""
-        return sequence_key("*" if self.on_world else _ranks_text(self.members), self.group)
+        if self.on_world or self.members is None:
+            return sequence_key("*" if self.on_world else "?", self.group)
+        return sequence_key(",".join(map(str, self.members)), self.group)
 
 
 def sequence_key(members: str, group: str) -> str:
@@ -38,10 +45,6 @@ def sequence_key(members: str, group: str) -> str:
     if members not in ("*", "?", ""):
         members = ",".join(sorted(members.split(","), key=int))
     return f"{members}|{group}"
-
-
-def _ranks_text(members: frozenset[int] | None) -> str:
-    return "?" if members is None else ",".join(map(str, sorted(members)))
 
 
 def slot_path_for(workdir: str, rank: int) -> str:

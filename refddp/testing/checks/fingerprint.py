@@ -142,12 +142,11 @@ def _told_apart(listed: list[tuple[int, str, str]], why: str = "") -> Collective
     for _, text, name in listed:
         numbers.setdefault(call(text), set()).add(name)
     alike = {text for text, names in numbers.items() if len(names - {""}) > 1}
-    kinds = sorted(call(text).split("(", 1)[0] for _, text, _ in listed)
+    kinds = {call(text).split("(", 1)[0].removeprefix("i") for _, text, _ in listed}
     groups = {found.group(0) if (found := _GROUP_TEXT.search(text)) else ""
               for _, text, _ in listed}  # fmt: skip
-    pair = (len(listed) == 2 and kinds[0] in ("irecv", "isend", "recv", "send")
-            and {k.removeprefix("i") for k in kinds} == {"recv", "send"} and len(groups) == 1
-            and len({name for _, _, name in listed} - {""}) == 2)  # fmt: skip
+    named = {name for _, _, name in listed} - {""}
+    pair = len(listed) == 2 and kinds == {"recv", "send"} and len(groups) == 1 and len(named) == 2
     if alike or pair:
         listed = [(rank, f"{text} on group '{name}'" if name and (pair or call(text) in alike)
                    else text, name) for rank, text, name in listed]  # fmt: skip
@@ -349,7 +348,7 @@ def _conflict(member: int, me: int, members: list[int], named: str) -> tuple[str
         return None  # a call this rank has been in too: the member is finishing it
     if not slot.position and unwaited_with(member):
         return None  # a send or receive this rank's isend or irecv, in flight, may answer
-    return slot.last.split(" at ", 1)[0], slot.group
+    return slot.call, slot.group
 
 
 def _nothing_in_flight(member: int) -> bool:

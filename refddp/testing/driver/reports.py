@@ -275,7 +275,7 @@ def finished_without_joining(
 def skipped_headline(absent: list[int], waiting: list[int], slots: dict[int, SlotReading],
                      how: str) -> str:  # fmt: skip
     """ "rank(s) [2] finished without joining #3 all_reduce(...), which rank(s) [0, 1] <how>"."""
-    collective = slots[waiting[0]].last.split(" at ", 1)[0]
+    collective = slots[waiting[0]].call
     return (f"rank(s) {rank_list(absent)} finished without joining {collective}, which rank(s) "
             f"{rank_list(waiting)} {how}")  # fmt: skip
 
@@ -288,8 +288,8 @@ def waiting_on_one_another_headline(waiting: list[int], slots: dict[int, SlotRea
     calls = []
     for rank in waiting:
         slot = slots[rank]
-        call = slot.last.split(" at ", 1)[0]
-        calls.append(f"rank {rank} in {call}" + (f" on group '{slot.group}'" if slot.group else ""))
+        group = f" on group '{slot.group}'" if slot.group else ""
+        calls.append(f"rank {rank} in {slot.call}{group}")
     return f"rank(s) {rank_list(waiting)} wait for good on one another: {'; '.join(calls)} {how}"
 
 
