@@ -33,7 +33,7 @@ def end_process(main: Callable[[], int]) -> NoReturn:
     finalization; the kernel stops every thread at once. An uncaught exception is printed and exits
     1, like Python would.
     """
-    ends_unfinalized()  # teardown may leave a group that can hang (torch 2.5) to the exit
+    ends_unfinalized()  # teardown may leave a group that can hang (torch < 2.8) to the exit
     try:
         code = main()
     except SystemExit as exc:

@@ -117,6 +117,32 @@ def test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next(spawn):
     assert spawn(leave_a_mesh_and_a_subgroup)[0] > groups_before, "a new subgroup still works"
 
 
+_left: list = []  # rank-side, between tasks: a weak reference to the group a task left
+
+
+def leave_a_used_subgroup():
+    import weakref
+
+    group = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1), group=group)
+    _left[:] = [weakref.ref(group)]
+
+
+def the_left_group():
+    group = _left[0]()
+    if group is None:
+        return "freed"
+    return "registered" if group in dist.distributed_c10d._world.pg_names else "destroyed"
+
+
+def test_a_group_a_test_leaves_is_destroyed_at_once_and_freed_one_test_later(spawn):
+    # Freed at once, a gloo group whose thread still releases the test's last all-reduce
+    # could deadlock its rank on torch 2.5 (refddp/testing/rank/leftovers.py).
+    spawn(leave_a_used_subgroup)
+    assert spawn(the_left_group) == ["destroyed"] * 2
+    assert spawn(the_left_group) == ["freed"] * 2
+
+
 # -- DistributedTestCase ---------------------------------------------------------------------
 
 

@@ -84,14 +84,15 @@ def test_teardown_logs_instead_of_raising_when_leaving_the_group_fails(monkeypat
     assert rd._owns_group is False
 
 
-@pytest.mark.parametrize("version", [(2, 5), (2, 6), (2, 13)])
+@pytest.mark.parametrize("version", [(2, 5), (2, 7), (2, 8), (2, 13)])
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 @pytest.mark.parametrize("ends_unfinalized", [True, False])
-def test_a_process_about_to_exit_leaves_the_group_except_on_torch_2_5(
+def test_a_process_about_to_exit_leaves_the_group_except_before_torch_2_8(
     monkeypatch, version, backend, ends_unfinalized
 ):
     """torch 2.5's destroy_process_group of a gloo group now and then hung after a finished
-    run; a process that end_process ends skips it there, and only there."""
+    run (torch's fix is in 2.8 by its date; 2.6 and 2.7 untested); a process that end_process
+    ends skips it there, and only there."""
     import refddp.config.torch_support as support
     import refddp.launch.dist as rd
 
@@ -103,7 +104,7 @@ def test_a_process_about_to_exit_leaves_the_group_except_on_torch_2_5(
     monkeypatch.setattr(rd.dist, "get_backend", lambda: backend)
     monkeypatch.setattr(rd.dist, "destroy_process_group", lambda: left.append(True))
     rd.teardown()
-    skipped = ends_unfinalized and version < (2, 6) and backend == "gloo"
+    skipped = ends_unfinalized and version < (2, 8) and backend == "gloo"
     assert left == ([] if skipped else [True])
     assert rd._owns_group is False
 

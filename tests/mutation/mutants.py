@@ -1134,6 +1134,12 @@ MUTANTS = (
         (f"{T_PARITY}::test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next",),
     ),
     Mutant(
+        "groups-freed-under-their-last-collective",
+        "a group a test leaves is freed one test later (torch <= 2.7 deadlocks otherwise)",
+        "refddp/testing/rank/leftovers.py", "        _destroyed.append(group)", "        pass",
+        (f"{T_PARITY}::test_a_group_a_test_leaves_is_destroyed_at_once_and_freed_one_test_later",),
+    ),
+    Mutant(
         "ranks-started-as-fresh-interpreters", "ranks fork from a server that imported torch once",
         POOL, "        server = rank_server.server()\n", "        server = None\n",
         ("tests/harness/test_rank_server.py::test_ranks_are_forked_from_a_single_threaded_server"
@@ -2257,7 +2263,7 @@ MUTANTS = (
     Mutant(
         "end-process-unmarked", "a finished run exits 0: no exit deadlock",
         "refddp/launch/exits.py",
-        "    ends_unfinalized()  # teardown may leave a group that can hang (torch 2.5) to the exit\n",
+        "    ends_unfinalized()  # teardown may leave a group that can hang (torch < 2.8) to the exit\n",
         "",
         ("tests/launch/test_end_process.py::test_end_process_marks_its_process_as_one_that_exits"
          "_unfinalized",),
@@ -2266,15 +2272,15 @@ MUTANTS = (
         "group-left-on-torch-2-5", "a finished run exits 0: no exit deadlock", DIST,
         "        if owned and dist.is_initialized() and not (_ends_unfinalized and destroy_can_hang()):",
         "        if owned and dist.is_initialized():",
-        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except_on"
-         "_torch_2_5",),
+        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except"
+         "_before_torch_2_8",),
     ),
     Mutant(
         "group-kept-on-every-torch", "a finished run exits 0: no exit deadlock", DIST,
-        "    return torch_version() < (2, 6) and \"gloo\" in str(dist.get_backend())",
+        "    return torch_version() < (2, 8) and \"gloo\" in str(dist.get_backend())",
         "    return True",
-        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except_on"
-         "_torch_2_5",),
+        ("tests/launch/test_end_process.py::test_a_process_about_to_exit_leaves_the_group_except"
+         "_before_torch_2_8",),
     ),
     # Issue 51: a hang's stacks, always.
     Mutant(

@@ -27,6 +27,14 @@ class Baseline(NamedTuple):
 
 _shared_store: object = None  # the default group's store as the pool made it
 _tasks = 0  # tasks this rank has started: every rank of a pool runs every task, in order
+# The groups the last clean-up destroyed, held until the next one lets them go. Why: a gloo
+# group's worker thread may still be releasing the task's last collective (its tensors: it
+# takes the GIL for that) when the task returns, and a torch without pytorch/pytorch#154976
+# (2.5 here; merged June 2025) joins those threads in the group's destructor holding the
+# GIL: freed at once, the group could deadlock its rank (seen on 2.5 in 6 of 12 runs of a
+# test whose last call was an all-reduce on its own group). By the next clean-up the
+# threads are long idle.
+_destroyed: list[object] = []
 
 
 def fresh_namespace() -> None:
@@ -92,6 +100,7 @@ def clean_up(start: Baseline) -> tuple[str, ...]:
         mesh_env.mesh_stack.clear()
         released = True
     unclean = []
+    _destroyed.clear()  # the last task's groups, now freed
     for name, group in sorted(_group_names().items()):
         if name in start.groups:
             continue
@@ -100,6 +109,7 @@ def clean_up(start: Baseline) -> tuple[str, ...]:
             dist.destroy_process_group(group)
         except Exception as exc:  # noqa: BLE001 - reported: the driver replaces the pool
             unclean.append(f"process group {name} ({type(exc).__name__}: {exc})")
+        _destroyed.append(group)  # freed at the next clean-up (``_destroyed``)
     if released or torch.cuda.is_initialized():
         gc.collect()  # a model's reference cycles may hold groups and CUDA memory
     if torch.cuda.is_initialized():
