@@ -246,6 +246,13 @@ def send_and_receive_of_other_tags():
         dist.recv(t, src=0, tag=2)  # gloo: each waits for the other for good
 
 
+def other_tags_beside_an_unwaited_all_reduce():
+    # An async all-reduce in flight on both ranks answers neither the send nor the receive.
+    work = dist.all_reduce(torch.ones(1), async_op=True)
+    send_and_receive_of_other_tags()
+    work.wait()
+
+
 def barrier_against_recv():
     # Rank 1 waits to receive from rank 0, which waits in a barrier for rank 1.
     if dist.get_rank() == 0:
@@ -254,19 +261,21 @@ def barrier_against_recv():
         dist.recv(torch.zeros(2), src=0)
 
 
-@pytest.mark.parametrize("task, sender_runs", [
-    (send_and_receive_of_other_tags, "send((2,):float32, dst=1, tag=1)"),
-    (barrier_against_recv, "barrier()"),
-], ids=["a-send-of-another-tag", "a-collective"])  # fmt: skip
-def test_a_receive_whose_sender_cannot_post_is_named_in_seconds(spawn, task, sender_runs):
+@pytest.mark.parametrize("task, sender_runs, number", [
+    (send_and_receive_of_other_tags, "send((2,):float32, dst=1, tag=1)", 1),
+    (other_tags_beside_an_unwaited_all_reduce, "send((2,):float32, dst=1, tag=1)", 2),
+    (barrier_against_recv, "barrier()", 1),
+], ids=["a-send-of-another-tag", "beside-an-async-collective", "a-collective"])  # fmt: skip
+def test_a_receive_whose_sender_cannot_post_is_named_in_seconds(spawn, task, sender_runs,
+                                                                 number):  # fmt: skip
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         spawn(task, timeout=DEADLINE)
     assert time.monotonic() - start < 15, "named by the check, not by the deadline"
     receives = "recv((2,):float32, src=0" + (", tag=2)" if "tag" in sender_runs else ")")
     assert (
-        f"Detected mismatch between collectives on ranks: rank 0 is running #1 {sender_runs}; "
-        f"rank 1 is running #1 {receives}"
+        f"Detected mismatch between collectives on ranks: rank 0 is running #{number} "
+        f"{sender_runs}; rank 1 is running #{number} {receives}"
     ) in str(info.value)
 
 

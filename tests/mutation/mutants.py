@@ -212,6 +212,16 @@ ISSUE_48 = [
         (f"{T_FINGERPRINT}::test_a_slow_send_that_an_irecv_in_flight_takes_passes",),
     ),
     Mutant(
+        "async-collective-taken-for-a-receive-s-answer", SAME_RANKS, COLLECTIVES,
+        "    return any(members == \"?\" or peer in members.split(\",\")\n"
+        "               for work, (members, _, point_to_point) in list(_in_flight.items())\n"
+        "               if point_to_point and",
+        "    return any(members in (\"*\", \"?\") or peer in members.split(\",\")\n"
+        "               for work, (members, _, point_to_point) in list(_in_flight.items())\n"
+        "               if",
+        (f"{T_FINGERPRINT}::test_a_receive_whose_sender_cannot_post_is_named_in_seconds",),
+    ),
+    Mutant(
         "ranks-waiting-on-one-another-unnamed", SAME_RANKS, "refddp/testing/driver/tasks.py",
         "                        if absent else waiting_on_one_another_headline(one_sided, slots, "
         "certain))",

@@ -86,10 +86,11 @@ _failed: tuple[BaseException, str] | None = None
 _checker: Any = None  # the helper process group fingerprints are exchanged on; None: unchecked
 _signatures: dict[str, inspect.Signature] = {}
 _nesting = threading.local()  # .depth: traced calls this thread is inside
-# An async collective's Work -> (members, "#N signature") until its wait() (a weak key: a Work
-# dropped without waiting leaves nothing behind); an irecv's Work -> the comparisons with their
-# sends (a coalesced batch's one Work: each receive's), run before waiting for the data.
-_in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+# An async collective's Work -> (members, "#N signature", point to point?) until its wait() (a
+# weak key: a Work dropped without waiting leaves nothing behind); an irecv's Work -> the
+# comparisons with their sends (a coalesced batch's one Work: each receive's), run before
+# waiting for the data.
+_in_flight: weakref.WeakKeyDictionary[Any, tuple[str, str, bool]] = weakref.WeakKeyDictionary()
 _receives: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
 _original_wait: Any = None
 _comparing_for = threading.local()  # .work: the Work whose wait compares its receives
@@ -150,12 +151,14 @@ def _bind(name: str, fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def in_flight_with(rank: int) -> bool:
-    """Whether an async call of this rank that involves ``rank`` has not been waited on yet
-    (besides the one whose wait is comparing its receives: ``_traced_wait``)."""
+    """Whether an isend, irecv or batch of them of this rank that may pair with a send or
+    receive of ``rank`` (to or from it, or from any source) has not been waited on yet,
+    besides the one whose wait is comparing its receives (``_traced_wait``). An async
+    collective in flight answers no send or receive, so it does not count."""
     peer = str(rank)
-    return any(members in ("*", "?") or peer in members.split(",")
-               for work, (members, _) in list(_in_flight.items())
-               if work is not getattr(_comparing_for, "work", None))  # fmt: skip
+    return any(members == "?" or peer in members.split(",")
+               for work, (members, _, point_to_point) in list(_in_flight.items())
+               if point_to_point and work is not getattr(_comparing_for, "work", None))  # fmt: skip
 
 
 fingerprint_check.unwaited_with = in_flight_with
@@ -246,7 +249,7 @@ def _enter(name: str, call: dict[str, Any], run: Callable[[], Any]) -> Any:
             label = f"#{_count} {signature}{ASYNC_WAIT}"
             for work in works:
                 if work is not None:
-                    _in_flight[work] = (members, label)
+                    _in_flight[work] = (members, label, name in _POINT_TO_POINT)
         for index, compare in receives:  # an irecv's: at its wait (its sender posts later)
             work = works[min(index, len(works) - 1)] if works else None
             if work is not None:  # (a coalesced batch, NCCL's, returns one Work for all)
@@ -345,7 +348,7 @@ def _traced_wait(work: Any, *args: Any, **kwargs: Any) -> Any:  # (Work.wait's s
     entry = _in_flight.get(work) if _slot is not None else None
     if entry is None and not compares:
         return _original_wait(work, *args, **kwargs)
-    members, label = entry or ("?", "")
+    members, label, _ = entry or ("?", "", False)
     if _slot is not None:
         _slot.write(STATE_INSIDE, f"{label} at {_call_site(2)}", _count, members)
     try:
