@@ -45,6 +45,14 @@ class Function:
     def short(self) -> str:
         return self.qualname.removeprefix(self.module.name + ".")
 
+    @property
+    def is_property(self) -> bool:
+        """A getter read as an attribute: ``@property`` or ``@functools.cached_property``."""
+        return self.cls is not None and any(
+            (d.id if isinstance(d, ast.Name) else getattr(d, "attr", None))
+            in ("property", "cached_property")
+            for d in getattr(self.node, "decorator_list", []))  # fmt: skip
+
 
 @dataclass(eq=False)
 class Class:

@@ -15,9 +15,10 @@ the ranks of a job. Sources:
 
 From there it flows through names, arithmetic, comparisons, conditions, subscripts,
 containers, conversions (``int``, ``bool``, ``len``, ``range``...), the package's own
-functions' return values, attributes the package assigns (``self.rank = ...``) and module
-globals. Not through library calls (``torch.tensor(rank)``, ``DataLoader(..., rank=rank)``:
-following those would make every batch and loss rank-dependent) and not into text (f-strings,
+functions' return values, attributes the package assigns (``self.rank = ...``), what its
+properties return, and module globals. Not through library calls (``torch.tensor(rank)``,
+``DataLoader(..., rank=rank)``: following those would make every batch and loss
+rank-dependent) and not into text (f-strings,
 ``str()``, concatenation with a string: ``f"cuda:{local_rank}"`` is a label, not a branch).
 The world size is not rank-dependent.
 

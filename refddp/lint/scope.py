@@ -147,11 +147,20 @@ class Scope(Resolver):
         return NOTHING
 
     def attribute_facts(self, base: Facts, name: str) -> Facts:
+        """What ``name`` of an instance of ``base``'s package classes holds: what the package
+        assigns to it, or what its property's getter returns (``self.main``, say, returning
+        ``self.rank == 0``)."""
         if not base.classes:
             return NOTHING
         for cls in base.classes:
             self.reads.update(("attr", member, name) for member in self.package.family(cls))
-        return self.package.attribute(base.classes, name)
+        found = self.package.attribute(base.classes, name)
+        for getter in self.package.methods_named(base.classes, name):
+            if self.package.functions[getter].is_property:
+                self.reads.add(("ret", getter))
+                got = self.package.returns.get(getter, NOTHING)
+                found = found | replace(got, params=frozenset())  # (its one parameter: self)
+        return found
 
     def targets(self, call: ast.Call) -> tuple[list[str], bool]:
         """The package functions ``call`` may run, and whether the list is a guess by a

@@ -2019,8 +2019,13 @@ MUTANTS = (
     ),
     Mutant(
         "lint-attributes-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/scope.py",
-        "        return self.package.attribute(base.classes, name)", "        return NOTHING",
+        "        found = self.package.attribute(base.classes, name)", "        found = NOTHING",
         (lint_case("all_reduce_under_main_process.py"),),
+    ),
+    Mutant(
+        "lint-properties-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/scope.py",
+        "            if self.package.functions[getter].is_property:", "            if False:",
+        (lint_case("rank_properties.py"),),
     ),
     Mutant(
         "lint-point-to-point-noted", "the lint passes code every rank runs alike", "refddp/lint/collectives.py",
