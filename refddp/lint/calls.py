@@ -70,6 +70,14 @@ def _params(node: FunctionNode) -> list[str]:
                             *a.kwonlyargs, *([a.kwarg] if a.kwarg else [])]]  # fmt: skip
 
 
+def _accessor(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """"setter" or "deleter" for ``@name.setter`` / ``@name.deleter``, else None."""
+    for d in node.decorator_list:
+        if isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter"):
+            return d.attr
+    return None
+
+
 class Package:
     """Every function and class of the analysed files, and the facts learnt about them."""
 
@@ -125,6 +133,10 @@ class Package:
                 name = f"{prefix}.{node.name}"
                 stack.extend(d for d in [*node.decorator_list, *node.args.defaults,
                                          *node.args.kw_defaults] if d is not None)
+                accessor = _accessor(node) if cls else None
+                if accessor:  # a property's setter or deleter: not what reading it runs
+                    self._index_body(module, node, f"{name}.<{accessor}>", cls, None)
+                    continue
                 self._index_body(module, node, name, cls, None if cls else function)
                 if cls:
                     self.classes[cls].methods[node.name] = name
@@ -222,6 +234,18 @@ class Package:
 
     def constructor(self, cls: str) -> list[str]:
         return self.methods_named({cls}, "__init__")
+
+    def properties(self, classes: frozenset[str], name: str) -> list[str]:
+        """The getters of a property ``name`` that an instance of ``classes`` may read: in the
+        classes, their bases, or a subclass overriding it (a base's method reading
+        ``self.name`` runs on the subclass's instances too), as ``attribute`` looks."""
+        found = set()
+        for cls in classes:
+            for member in self.family(cls):
+                getter = self.classes[member].methods.get(name) if member in self.classes else None
+                if getter is not None and self.functions[getter].is_property:
+                    found.add(getter)
+        return sorted(found)
 
     def attribute(self, classes: frozenset[str], name: str) -> Facts:
         result = NOTHING

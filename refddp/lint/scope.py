@@ -155,11 +155,10 @@ class Scope(Resolver):
         for cls in base.classes:
             self.reads.update(("attr", member, name) for member in self.package.family(cls))
         found = self.package.attribute(base.classes, name)
-        for getter in self.package.methods_named(base.classes, name):
-            if self.package.functions[getter].is_property:
-                self.reads.add(("ret", getter))
-                got = self.package.returns.get(getter, NOTHING)
-                found = found | replace(got, params=frozenset())  # (its one parameter: self)
+        for getter in self.package.properties(base.classes, name):
+            self.reads.add(("ret", getter))
+            got = self.package.returns.get(getter, NOTHING)
+            found = found | replace(got, params=frozenset())  # (its one parameter: self)
         return found
 
     def targets(self, call: ast.Call) -> tuple[list[str], bool]:

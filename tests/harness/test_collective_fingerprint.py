@@ -318,15 +318,16 @@ def test_tagged_messages_received_in_another_order_than_sent_pass(spawn):
     ]
 
 
-def blocking_send_received_by_an_earlier_irecv():
+def blocking_send_received_by_an_earlier_irecv(any_source=False):
     # Legal: rank 0 blocks in the send of tag 1 while rank 1 waits for tag 2; rank 1's irecv of
-    # tag 1, posted before, takes it, and rank 0 goes on to send tag 2.
+    # tag 1 (from rank 0, or from any source), posted before, takes it, and rank 0 goes on to
+    # send tag 2.
     if dist.get_rank() == 0:
         dist.send(torch.full((2,), 1.0), dst=1, tag=1)
         dist.send(torch.full((2,), 2.0), dst=1, tag=2)
         return []
     first, second = torch.zeros(2), torch.zeros(2)
-    work = dist.irecv(first, src=0, tag=1)
+    work = dist.irecv(first, tag=1) if any_source else dist.irecv(first, src=0, tag=1)
     dist.recv(second, src=0, tag=2)
     work.wait()
     return [first.tolist(), second.tolist()]
@@ -383,12 +384,13 @@ def test_ranks_waiting_for_good_on_one_another_are_named_with_their_groups_unche
     assert "a certain hang" in headline and "on group '" in headline, headline
 
 
-def test_a_slow_send_that_an_irecv_in_flight_takes_passes(spawn):
+@pytest.mark.parametrize("any_source", [False, True], ids=["from-the-sender", "from-any-source"])
+def test_a_slow_send_that_an_irecv_in_flight_takes_passes(spawn, any_source):
     # Legal: rank 0's send of tag 1 takes 2.5 s (a large tensor on a slow link, injected as a
     # delay in the send) while rank 1, its irecv of tag 1 in flight, waits for tag 2: the irecv
     # will take that send, so it is no hang, however long the send takes.
     from refddp.testing import faults
 
-    results = spawn(blocking_send_received_by_an_earlier_irecv, timeout=DEADLINE,
+    results = spawn(blocking_send_received_by_an_earlier_irecv, any_source, timeout=DEADLINE,
                     faults=[faults.delay(0, 1, 2.5)])  # fmt: skip
     assert results[1] == [[1.0, 1.0], [2.0, 2.0]]

@@ -3,6 +3,7 @@ nothing a test builds on a warm rank reaching the next test."""
 
 import copy
 import os
+import time
 import unittest
 
 import pytest
@@ -12,7 +13,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from refddp.config.torch_support import torch_version
-from refddp.testing import RankFailure, assert_matches_single_process, assert_replicas_equal
+from refddp.testing import (
+    RankFailure,
+    RankTimeout,
+    assert_matches_single_process,
+    assert_replicas_equal,
+)
 
 
 def replicas(perturb_rank, name):
@@ -117,30 +123,49 @@ def test_meshes_and_subgroups_a_test_leaves_are_released_before_the_next(spawn):
     assert spawn(leave_a_mesh_and_a_subgroup)[0] > groups_before, "a new subgroup still works"
 
 
-_left: list = []  # rank-side, between tasks: a weak reference to the group a task left
+_freed_inside: list = []  # rank-side, between tasks: the functions running when it was freed
 
 
 def leave_a_used_subgroup():
+    import traceback
     import weakref
 
     group = dist.new_group([0, 1])
     dist.all_reduce(torch.ones(1), group=group)
-    _left[:] = [weakref.ref(group)]
+    _freed_inside.clear()
+    weakref.finalize(group, lambda: _freed_inside.extend(
+        frame.name for frame in traceback.extract_stack()))  # fmt: skip
 
 
-def the_left_group():
-    group = _left[0]()
-    if group is None:
-        return "freed"
-    return "registered" if group in dist.distributed_c10d._world.pg_names else "destroyed"
+def where_the_left_group_was_freed():
+    return "freed after the reply" if "free_destroyed" in _freed_inside else _freed_inside[:]
 
 
-def test_a_group_a_test_leaves_is_destroyed_at_once_and_freed_one_test_later(spawn):
-    # Freed at once, a gloo group whose thread still releases the test's last all-reduce
-    # could deadlock its rank on torch 2.5 (refddp/testing/rank/leftovers.py).
+def test_a_group_a_test_leaves_is_freed_after_the_test_s_reply(spawn):
+    # Freed in the task's own clean-up, a gloo group whose thread still releases the test's
+    # last all-reduce could deadlock its rank on torch 2.5 (refddp/testing/rank/leftovers.py).
     spawn(leave_a_used_subgroup)
-    assert spawn(the_left_group) == ["destroyed"] * 2
-    assert spawn(the_left_group) == ["freed"] * 2
+    assert spawn(where_the_left_group_was_freed) == ["freed after the reply"] * 2
+
+
+def leave_a_rank_alone_in_an_untraced_collective():
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.new_group([0, 1])
+    if dist.get_rank() == 1:
+        return  # its group is destroyed and freed after this task: rank 0's connection closes
+    funcol.all_reduce(torch.ones(4), "sum", group).sum().item()  # (waits)
+
+
+def test_a_rank_left_alone_in_a_collective_the_check_cannot_see_fails_in_seconds(spawn):
+    # A functional collective (DTensor's, a compiled graph's) writes no slot: what ends the
+    # wait is the finished rank's group freed, its connections closed, soon after its task.
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        spawn(leave_a_rank_alone_in_an_untraced_collective, timeout=60)
+    assert time.monotonic() - start < 30, "the connection closed, not the deadline"
+    assert not isinstance(info.value, RankTimeout), str(info.value)
+    assert set(info.value.failures) == {0}, str(info.value)
 
 
 # -- DistributedTestCase ---------------------------------------------------------------------

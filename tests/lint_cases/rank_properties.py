@@ -38,3 +38,34 @@ class Trainer:
         ctx = Context()
         if ctx.leader:
             dist.barrier()  # expect: RDL101
+
+
+class Base:
+    def save(self, t):
+        if self.leader:  # a subclass's property decides
+            dist.all_reduce(t)  # expect: RDL101
+
+
+class Worker(Base):
+    @property
+    def leader(self):
+        return dist.get_rank() == 0
+
+
+class Settable:
+    def __init__(self):
+        self._chief = dist.get_rank() == 0
+
+    @property
+    def chief(self):
+        return self._chief
+
+    @chief.setter
+    def chief(self, value):
+        self._chief = bool(value)
+        if self._chief:
+            dist.barrier()  # expect: RDL101
+
+    def save(self, t):
+        if self.chief:
+            dist.all_reduce(t)  # expect: RDL101

@@ -222,6 +222,12 @@ ISSUE_48 = [
         (f"{T_FINGERPRINT}::test_a_receive_whose_sender_cannot_post_is_named_in_seconds",),
     ),
     Mutant(
+        "any-source-irecv-answers-nobody", SAME_RANKS, COLLECTIVES,
+        "    return any(members == \"?\" or peer in members.split(\",\")\n",
+        "    return any(peer in members.split(\",\")\n",
+        (f"{T_FINGERPRINT}::test_a_slow_send_that_an_irecv_in_flight_takes_passes",),
+    ),
+    Mutant(
         "ranks-waiting-on-one-another-unnamed", SAME_RANKS, "refddp/testing/driver/tasks.py",
         "                        if absent else waiting_on_one_another_headline(one_sided, slots, "
         "certain))",
@@ -1145,9 +1151,15 @@ MUTANTS = (
     ),
     Mutant(
         "groups-freed-under-their-last-collective",
-        "a group a test leaves is freed one test later (torch <= 2.7 deadlocks otherwise)",
-        "refddp/testing/rank/leftovers.py", "        _destroyed.append(group)", "        pass",
-        (f"{T_PARITY}::test_a_group_a_test_leaves_is_destroyed_at_once_and_freed_one_test_later",),
+        "a gloo group a test leaves is freed after the test's reply (torch 2.5 deadlocks otherwise)",
+        "refddp/testing/rank/leftovers.py", "            _destroyed.append(group)", "            pass",
+        (f"{T_PARITY}::test_a_group_a_test_leaves_is_freed_after_the_test_s_reply",),
+    ),
+    Mutant(
+        "destroyed-groups-held-to-the-next-test",
+        "a rank left alone in a collective no check sees fails when its peer's group is freed",
+        "refddp/testing/rank/worker.py", "        leftovers.free_destroyed()", "        pass",
+        (f"{T_PARITY}::test_a_rank_left_alone_in_a_collective_the_check_cannot_see_fails_in_seconds",),
     ),
     Mutant(
         "ranks-started-as-fresh-interpreters", "ranks fork from a server that imported torch once",
@@ -2024,7 +2036,26 @@ MUTANTS = (
     ),
     Mutant(
         "lint-properties-not-followed", "the lint finds collectives only some ranks reach", "refddp/lint/scope.py",
-        "            if self.package.functions[getter].is_property:", "            if False:",
+        "        for getter in self.package.properties(base.classes, name):",
+        "        for getter in []:",
+        (lint_case("rank_properties.py"),),
+    ),
+    Mutant(
+        "lint-every-method-read-as-a-property", "the lint passes code every rank runs alike",
+        "refddp/lint/calls.py", "        return self.cls is not None and any(",
+        "        return self.cls is not None or any(",
+        (lint_case("rank_properties_fixed.py"),),
+    ),
+    Mutant(
+        "lint-subclass-properties-unseen", "the lint finds collectives only some ranks reach",
+        "refddp/lint/calls.py", "            for member in self.family(cls):\n                getter =",
+        "            for member in {cls}:\n                getter =",
+        (lint_case("rank_properties.py"),),
+    ),
+    Mutant(
+        "lint-setters-taken-for-getters", "the lint finds collectives only some ranks reach",
+        "refddp/lint/calls.py", "                if accessor:  # a property's setter",
+        "                if False:  # a property's setter",
         (lint_case("rank_properties.py"),),
     ),
     Mutant(

@@ -4,8 +4,9 @@ A pool's ranks live from test to test, so state a test builds and does not tear 
 reach the next one: device meshes (refddp's ``device_mesh`` list and torch's mesh stack),
 process groups from ``dist.new_group`` (each holds sockets and threads), CUDA memory still
 allocated. After each task the rank compares with what it had when it joined the pool; what
-it can release it releases (meshes, subgroups), what it cannot (CUDA memory still referenced)
-it reports, and the driver then replaces the pool before the next test.
+it can release it releases (meshes, subgroups: a gloo group is freed just after the task's
+reply, ``free_destroyed``), what it cannot (CUDA memory still referenced) it reports, and the
+driver then replaces the pool before the next test.
 
 Before each task the rank also gives it a store namespace of its own (``fresh_namespace``):
 the store the pool's ranks share outlives every test, and a group a test creates can bear the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 from typing import Any, NamedTuple
 
 
@@ -27,14 +29,16 @@ class Baseline(NamedTuple):
 
 _shared_store: object = None  # the default group's store as the pool made it
 _tasks = 0  # tasks this rank has started: every rank of a pool runs every task, in order
-# The groups the last clean-up destroyed, held until the next one lets them go. Why: a gloo
-# group's worker thread may still be releasing the task's last collective (its tensors: it
-# takes the GIL for that) when the task returns, and a torch without pytorch/pytorch#154976
-# (2.5 here; merged June 2025) joins those threads in the group's destructor holding the
-# GIL: freed at once, the group could deadlock its rank (seen on 2.5 in 6 of 12 runs of a
-# test whose last call was an all-reduce on its own group). By the next clean-up the
-# threads are long idle.
+# The gloo groups the last clean-up destroyed, held until ``free_destroyed`` lets them go,
+# after the task's reply. Why: a gloo group's worker thread may still be releasing the task's last
+# collective (its tensors: it takes the GIL for that) when the task returns, and a torch
+# without pytorch/pytorch#154976 (2.5 here; merged June 2025) joins those threads in the
+# group's destructor holding the GIL: freed inside the clean-up, the group could deadlock
+# its rank (seen on 2.5 in 6 of 12 runs of a test whose last call was an all-reduce on its
+# own group). Freed soon all the same: freeing closes the group's connections, and a peer
+# still waiting in a collective this rank never joined then fails at once.
 _destroyed: list[object] = []
+RELEASE_PAUSE_S = 0.1  # the GIL left to the groups' threads before the groups are freed
 
 
 def fresh_namespace() -> None:
@@ -100,16 +104,18 @@ def clean_up(start: Baseline) -> tuple[str, ...]:
         mesh_env.mesh_stack.clear()
         released = True
     unclean = []
-    _destroyed.clear()  # the last task's groups, now freed
     for name, group in sorted(_group_names().items()):
         if name in start.groups:
             continue
         released = True
         try:
+            gloo = dist.get_backend(group) == "gloo"
             dist.destroy_process_group(group)
         except Exception as exc:  # noqa: BLE001 - reported: the driver replaces the pool
             unclean.append(f"process group {name} ({type(exc).__name__}: {exc})")
-        _destroyed.append(group)  # freed at the next clean-up (``_destroyed``)
+            continue
+        if gloo:  # freed after the reply (``_destroyed``); others here, before the CUDA count
+            _destroyed.append(group)
     if released or torch.cuda.is_initialized():
         gc.collect()  # a model's reference cycles may hold groups and CUDA memory
     if torch.cuda.is_initialized():
@@ -118,3 +124,11 @@ def clean_up(start: Baseline) -> tuple[str, ...]:
         if leaked > 0:
             unclean.append(f"{leaked} bytes of CUDA memory still allocated")
     return tuple(unclean)
+
+
+def free_destroyed() -> None:
+    """Free the groups the last clean-up destroyed, once their threads have had the GIL for
+    a moment (``_destroyed``). The rank calls it after sending the task's reply."""
+    if _destroyed:
+        time.sleep(RELEASE_PAUSE_S)
+        _destroyed.clear()

@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         reply = _run_task(message, ctx, start, args.workdir)
         arm_stack_dumps(stack_file)  # (the task may have taken the signal for itself)
         conn.send(reply)
+        leftovers.free_destroyed()  # (after the reply: why in leftovers.py)
     _exit(cov, 0)
 
 
