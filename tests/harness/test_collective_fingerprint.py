@@ -225,8 +225,8 @@ def two_groups_over_the_same_ranks_alike(ranks):
             t = torch.ones(2)
             dist.all_reduce(t, group=group)
             out.append(t.tolist())
-    # No barrier: the harness frees the groups one task later, so a gloo thread still
-    # releasing the last all-reduce cannot deadlock the rank (torch 2.5: leftovers.py).
+    # No barrier: the harness frees the groups after the task's reply, so a gloo thread still
+    # releasing the last all-reduce does not deadlock the rank (torch 2.5: leftovers.py).
     return out
 
 

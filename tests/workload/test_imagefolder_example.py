@@ -5,14 +5,13 @@ Runs where torchvision imports beside this torch (the compatibility job's torch 
 torchvision 0.29.1; ``make compat TORCH=2.14.1 TORCHVISION=0.29.1``).
 """
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from examples.make_image_folder import write
 from tests.checkpoints.test_resume import assert_same_weights
+from tests.training.test_skipped_steps import history as evaluations_and_skips
 from tests.workload.test_image_folder import needs_torchvision
 
 pytestmark = needs_torchvision
@@ -38,13 +37,11 @@ def test_the_resnet_example_trains_from_pngs_and_its_checkpoint_loads_into_a_bar
     # 240 s deadline failed CI's 2.14.1 job once at 240 s, every process still working).
     done = run_cli("--config", "examples/imagefolder_resnet.yaml", "--nproc", 2, data=shapes,
                    epochs=3, eval_every=5, timeout=600, **SMALL)  # fmt: skip
-    records = [json.loads(line) for line in (done.out / "history.jsonl").read_text().splitlines()]
-    history = [r for r in records if "val_loss" in r]  # the evaluations
-    assert [r["step"] for r in history] == [5, 10, 15], records
+    history, skips = evaluations_and_skips(done.out)
+    assert [r["step"] for r in history] == [5, 10, 15], (history, skips)
     # Skipped steps, if any, are the CPU's: on an Intel Xeon with AVX512-BF16 and AMX, torch
     # 2.14.1's bf16 ResNet-18 at 16x16 images gave non-finite weight gradients in layer4 now
     # and then, in plain torch too (docs/known-limitations.md); the skip is the trainer's job.
-    skips = [r for r in records if "skipped" in r]
     assert all("non-finite gradient" in r["skipped"] for r in skips), skips
     assert len(skips) < 15, "some steps must train"
     assert all(0 <= r["val_acc"] <= 1 for r in history)
