@@ -273,7 +273,8 @@ class TrainConfig:
     max_consecutive_skips: int = _opt(
         20,
         "stop the run (exit 1) when this many steps in a row were skipped as non-finite: it "
-        "trains nothing (0: no limit)",
+        "trains nothing (0: no limit; a run whose every step was skipped fails at its end "
+        "whatever this is)",
         resume=APPLIED,
         at_least=0,
     )

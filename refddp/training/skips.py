@@ -18,7 +18,8 @@ skipped step must not leave behind:
   nothing else.
 - ``cause`` and ``run_ends``: why a step was skipped, and whether the run must end: a run
   that keeps skipping trains nothing and must not exit 0 (``max_consecutive_skips``; under
-  amp fp16, a loss scale that would fall below ``min_loss_scale``; ``on_nonfinite=stop``).
+  amp fp16, a loss scale that would fall below ``min_loss_scale``; ``on_nonfinite=stop``; a
+  run whose last step ends a streak of skips as long as the run, shorter than the limit).
 
 The counts live in the run's ``Position`` (checkpoints carry them across a resume).
 """
@@ -111,14 +112,19 @@ def cause(bad_ranks: int, world_size: int, norm: float, overflow: tuple[float, f
     return f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
 
 
-def run_ends(c: TrainConfig, in_a_row: int, overflow: tuple[float, float] | None) -> str:
-    """Why the run must end after a skipped step, naming the option ("": it goes on).
+def run_ends(c: TrainConfig, step: int, last_step: int, in_a_row: int,
+             overflow: tuple[float, float] | None) -> str:  # fmt: skip
+    """Why the run must end after skipping step ``step`` of ``last_step``, ``in_a_row`` skips
+    in a row so far, naming the option or the cause ("": it goes on).
 
     An fp16 overflow (``overflow``: the loss scale before and after the backoff) is GradScaler's
     to absorb, in ``stop`` mode too, while its scale stays at or above ``min_loss_scale``: a
     gradient that is non-finite at every scale that helps (a NaN, or an overflow at scale 1)
     cannot be told from an overflow until then. Any other non-finite step stops the run under
-    ``on_nonfinite=stop``; and ``max_consecutive_skips`` skips in a row end any run."""
+    ``on_nonfinite=stop``; ``max_consecutive_skips`` skips in a row end any run; and a run
+    whose every step was skipped ends in failure at its last step, however short it is (a
+    12-step run of NaN gradients stays under the default limit of 20). The streak is counted
+    across resumes (``Position``), so a resumed run that applied steps before does not fail."""
     if overflow is not None and overflow[1] < c.min_loss_scale:
         return (f"the fp16 loss scale fell below min_loss_scale {c.min_loss_scale:g}: the "
                 "gradient is non-finite at every scale (a NaN, not an overflow)")  # fmt: skip
@@ -127,4 +133,6 @@ def run_ends(c: TrainConfig, in_a_row: int, overflow: tuple[float, float] | None
     if c.max_consecutive_skips and in_a_row >= c.max_consecutive_skips:
         return (f"{in_a_row} steps in a row skipped (max_consecutive_skips "
                 f"{c.max_consecutive_skips}): the run trains nothing")  # fmt: skip
+    if step == last_step and in_a_row >= step:
+        return f"every one of the run's {step} steps was skipped: it trained nothing"
     return ""

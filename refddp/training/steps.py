@@ -260,7 +260,7 @@ def skip_step(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> 
     pos.skipped_in_a_row += 1
     why = skips.cause(bad, trainer.ctx.world_size, norm, overflow)
     trainer.trackers.skipped(step, why, pos.skipped_steps)
-    ends = skips.run_ends(trainer.c, pos.skipped_in_a_row, overflow)
+    ends = skips.run_ends(trainer.c, step, trainer.total_steps, pos.skipped_in_a_row, overflow)
     if ends:
         said = f"step {step}: {why}; stopping every rank ({ends})"
         recorded = record_error(said, AGREED_STOP)

@@ -2141,6 +2141,24 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
     ),
     Mutant(
+        "whole-run-skipped-exits-0", "no run that trains nothing exits 0", SKIPPED,
+        "if step == last_step and in_a_row >= step:", "if False:",
+        (f"{T_SKIPPED_STEPS}::test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exit_1",
+         f"{T_SKIPPED_STEPS}::test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained",
+         "tests/training/test_step_scenarios.py::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace"),
+    ),
+    Mutant(
+        "any-run-ending-in-a-skip-fails", "no run that trains nothing exits 0", SKIPPED,
+        "if step == last_step and in_a_row >= step:", "if step == last_step:",
+        (f"{T_SKIPPED_STEPS}::test_a_run_that_trained_before_its_last_steps_were_skipped_ends_exit_0",
+         f"{T_SKIPPED_STEPS}::test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained"),
+    ),
+    Mutant(
+        "skip-streak-not-checkpointed", "no run that trains nothing exits 0", RUN_STATE,
+        '        "skipped_in_a_row": pos.skipped_in_a_row,\n', "",
+        (f"{T_SKIPPED_STEPS}::test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1",),
+    ),
+    Mutant(
         "skips-in-a-row-never-reset", "no run that trains nothing exits 0", STEPS,
         "    trainer.pos.skipped_in_a_row = 0\n", "",
         (f"{T_SKIPPED_STEPS}::test_the_consecutive_limit_counts_skips_in_a_row_only",),

@@ -15,6 +15,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refddp.testing import RankFailure
 from tests.observability_tasks import fit_with_recording_tracker
@@ -143,6 +145,65 @@ def test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_e
         "stopping every rank (5 steps in a row skipped (max_consecutive_skips 5): the run "
         "trains nothing)"
     ], done.stderr
+
+
+def test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exit_1(
+    run_cli, tiny
+):
+    # 12 steps, under the default limit of 20: it used to say "done" and exit 0.
+    done = run_cli("--nproc", 2, "--loss", NAN_EVERY_STEP, check=False, **tiny)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: step 12: non-finite gradient (norm nan) behind a finite loss on every rank; "
+        "stopping every rank (every one of the run's 12 steps was skipped: it trained nothing)"
+    ], done.stderr
+    assert "done:" not in done.stderr
+
+
+def test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1(
+    run_cli, tiny
+):
+    flags = {**tiny, "loss": NAN_EVERY_STEP, "nproc": 2}
+    run_cli("--stop-after", 5, **flags)  # skips 1-5, under every limit: a stop, exit 0
+    done = run_cli(check=False, **flags)  # skips 6-12: 7 in this invocation, 12 in the run
+    assert done.returncode == 1, done.stderr
+    assert "(every one of the run's 12 steps was skipped: it trained nothing)" in done.stderr
+
+
+def test_a_run_that_trained_before_its_last_steps_were_skipped_ends_exit_0(run_cli, tiny):
+    done = run_cli("--nproc", 2, "--loss", "tests.user_code:nan_gradient_from_step_7_loss",
+                   **tiny)  # fmt: skip
+    evaluations, skips = history(done.out)
+    assert [r["step"] for r in skips] == list(range(7, 13)), skips
+    assert math.isfinite(evaluations[-1]["val_loss"]), evaluations
+    assert "6 step(s) skipped as non-finite" in done.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(applied=st.lists(st.booleans(), min_size=1, max_size=40), limit=st.integers(0, 12))
+def test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained(
+    applied, limit
+):
+    """Over every pattern of applied and skipped steps and any limit (0: none), the trainer's
+    counts as ``refddp/training/steps.py`` keeps them: the run ends (exit 1) at the first skip
+    that completes a streak of ``limit``, or at its last step if no step was applied;
+    otherwise it runs to its end. (The counts crossing a resume:
+    ``test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1``.)"""
+    from refddp.config.schema import TrainConfig
+    from refddp.training.skips import run_ends
+
+    c = TrainConfig(max_consecutive_skips=limit)
+    last, in_a_row, ended_at = len(applied), 0, None
+    for step, ok in enumerate(applied, start=1):
+        in_a_row = 0 if ok else in_a_row + 1
+        if not ok and run_ends(c, step, last, in_a_row, None):
+            ended_at = step
+            break
+    full_streak = [False] * limit
+    reached = [s for s in range(limit, last + 1) if limit and applied[s - limit:s] == full_streak]
+    expected = reached[0] if reached else (None if any(applied) else last)
+    assert ended_at == expected
 
 
 def test_the_consecutive_limit_counts_skips_in_a_row_only(spawn, tmp_path):

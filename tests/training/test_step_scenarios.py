@@ -36,7 +36,7 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.rank_tasks import SIGNALS, TOKENS, assert_in_step, run_scenario
@@ -113,6 +113,19 @@ def scenarios(draw) -> dict:
     }
 
 
+# Drawn rarely (a 2-step run, both steps faulty), always run: a run stopped after its first
+# step resumes and fails at its last, having trained nothing (refddp/training/skips.py).
+EVERY_STEP_FAULTY = {
+    "world": 2, "faults": {(0, 1, 0): "loss", (1, 2, 0): "gradient"}, "signalled": None,
+    "stop_after": 1, "comm_hook": False, "model": "mlp", "precision": "float64",
+    "job": dict(strategy="ddp", find_unused_parameters=False, train_size=4, val_size=3,
+                global_batch_size=2, grad_accum=1, epochs=1, eval_every=0, ckpt_every=0,
+                grad_clip=0.0, optimizer="sgd", lr=0.05, on_nonfinite="skip",
+                stop_check_s=0.0),
+    "total": 2, "steps_per_epoch": 2,
+}  # fmt: skip
+
+
 def ends_in_a_settle(step: int, s: dict) -> bool:
     """Whether ``step`` ends in an evaluation or a checkpoint (so its stop signals are agreed
     at once): the trainer's ``end_of_step`` schedule, written out."""
@@ -143,13 +156,16 @@ def exact_against_one_process(s: dict) -> bool:
 
 
 def expected_end(s: dict) -> tuple[int | None, set[int]]:
-    """With ``on_nonfinite=stop``: the step every rank stops at (None: no stop), and the
-    faulty steps skipped before it. Under fp16 a NaN gradient behind finite losses reads as
+    """The step every rank stops at as non-finite (None: no stop), and the faulty steps
+    skipped before it: the first fault with ``on_nonfinite=stop``, the last step where every
+    step is faulty. Under fp16 a NaN gradient behind finite losses reads as
     an overflow GradScaler can absorb (the scale stays far above min_loss_scale here)."""
     steps = sorted({step for (_, step, _) in s["faults"]})
     stopping = [step for step in steps if not (s["precision"] == "fp16" and all(
         kind == "gradient" for (_, at, _), kind in s["faults"].items() if at == step))]  # fmt: skip
     if s["job"]["on_nonfinite"] == "skip" or not stopping:
+        if steps == list(range(1, s["total"] + 1)):  # it trained nothing: it fails at its end
+            return s["total"], set(steps)
         return None, set(steps)
     return stopping[0], {step for step in steps if step <= stopping[0]}
 
@@ -180,6 +196,7 @@ def assert_bit_identical(a: dict, b: dict) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 25,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(scenarios())
+@example(EVERY_STEP_FAULTY)
 def test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace(spawn, s):
     stops_at, faulty = expected_end(s)
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,6 +206,9 @@ def test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_tr
         assert_no_trace(run)
         skipped = set(run[0]["skipped_steps"])
         if stops_at is not None:
+            if run[0]["nonfinite_stop"] is None and run[0]["step"] < s["total"]:
+                run = spawn_run(spawn, out, s, None, 0)  # stopped first (every step faulty)
+                skipped |= set(run[0]["skipped_steps"])
             assert run[0]["nonfinite_stop"] == stops_at, "every rank stops at the first fault"
             assert faulty <= skipped | {stops_at}
             return
