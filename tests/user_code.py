@@ -377,8 +377,10 @@ _training_losses = 0  # this process's training loss calls: nan_gradient_from_st
 
 
 def nan_gradient_from_step_7_loss(outputs, batch):
-    """``nan_gradient_every_step_loss`` from the 7th training step on (one micro-batch a
-    step): a run that trains its first 6 steps, then skips every one to its end."""
+    """``nan_gradient_every_step_loss`` from the 7th training loss on: a run of one micro-batch
+    a step at 1 or 2 DDP ranks trains its first 6 steps, then skips every one to its end (it
+    counts calls: at 3+ ranks the trainer's settling backward makes one more, and
+    accumulation one a micro-batch)."""
     global _training_losses
     if not torch.is_grad_enabled():  # an evaluation
         return plain_cross_entropy_sum(outputs, batch)

@@ -18,8 +18,9 @@ skipped step must not leave behind:
   nothing else.
 - ``cause`` and ``run_ends``: why a step was skipped, and whether the run must end: a run
   that keeps skipping trains nothing and must not exit 0 (``max_consecutive_skips``; under
-  amp fp16, a loss scale that would fall below ``min_loss_scale``; ``on_nonfinite=stop``; a
-  run whose last step ends a streak of skips as long as the run, shorter than the limit).
+  amp fp16, a loss scale that would fall below ``min_loss_scale``; ``on_nonfinite=stop``).
+- ``trained_nothing``: a run that reached its end without one update, however short, fp16
+  overflows included, fails there.
 
 The counts live in the run's ``Position`` (checkpoints carry them across a resume).
 """
@@ -31,6 +32,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from refddp.config.schema import TrainConfig
+from refddp.training.step_agreement import Nonfinite
 
 
 def spread_nonfinite(scale: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -100,31 +102,37 @@ def end_scaler_iteration(scaler: torch.amp.GradScaler, bad_loss: bool
     return None
 
 
-def cause(bad_ranks: int, world_size: int, norm: float, overflow: tuple[float, float] | None
-          ) -> str:  # fmt: skip
-    """Why a step is skipped: ``bad_ranks`` ranks' loss was non-finite; else the gradient was,
-    behind finite losses, and ``overflow`` (the loss scale before and after GradScaler's
-    backoff) says it was amp fp16's."""
-    if bad_ranks:
-        return f"non-finite loss on {bad_ranks} of {world_size} rank(s)"
+def cause(found: Nonfinite, world_size: int, norm: float,
+          overflow: tuple[float, float] | None) -> str:  # fmt: skip
+    """Why a step is skipped: ``found.bad_ranks`` ranks' loss was non-finite; else the gradient
+    was, behind finite losses, and ``overflow`` (the loss scale before and after GradScaler's
+    backoff) says it was amp fp16's. A non-finite gradient of any other cause names its
+    parameters (``found.parameters``), the first place to look."""
+    if found.bad_ranks:
+        return f"non-finite loss on {found.bad_ranks} of {world_size} rank(s)"
     if overflow is not None:
         return f"fp16 gradient overflow (loss scale {overflow[0]:g} -> {overflow[1]:g})"
-    return f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
+    said = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
+    if found.parameters:
+        said += f", in {_some(found.parameters)}"
+    return said
 
 
-def run_ends(c: TrainConfig, step: int, last_step: int, in_a_row: int,
-             overflow: tuple[float, float] | None) -> str:  # fmt: skip
-    """Why the run must end after skipping step ``step`` of ``last_step``, ``in_a_row`` skips
-    in a row so far, naming the option or the cause ("": it goes on).
+def _some(names: list[str], shown: int = 3) -> str:
+    """``a``; ``a and b``; ``a, b, c and 4 more``."""
+    if len(names) <= shown:
+        return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def run_ends(c: TrainConfig, in_a_row: int, overflow: tuple[float, float] | None) -> str:
+    """Why the run must end after a skipped step, naming the option ("": it goes on).
 
     An fp16 overflow (``overflow``: the loss scale before and after the backoff) is GradScaler's
     to absorb, in ``stop`` mode too, while its scale stays at or above ``min_loss_scale``: a
     gradient that is non-finite at every scale that helps (a NaN, or an overflow at scale 1)
     cannot be told from an overflow until then. Any other non-finite step stops the run under
-    ``on_nonfinite=stop``; ``max_consecutive_skips`` skips in a row end any run; and a run
-    whose every step was skipped ends in failure at its last step, however short it is (a
-    12-step run of NaN gradients stays under the default limit of 20). The streak is counted
-    across resumes (``Position``), so a resumed run that applied steps before does not fail."""
+    ``on_nonfinite=stop``; and ``max_consecutive_skips`` skips in a row end any run."""
     if overflow is not None and overflow[1] < c.min_loss_scale:
         return (f"the fp16 loss scale fell below min_loss_scale {c.min_loss_scale:g}: the "
                 "gradient is non-finite at every scale (a NaN, not an overflow)")  # fmt: skip
@@ -133,6 +141,17 @@ def run_ends(c: TrainConfig, step: int, last_step: int, in_a_row: int,
     if c.max_consecutive_skips and in_a_row >= c.max_consecutive_skips:
         return (f"{in_a_row} steps in a row skipped (max_consecutive_skips "
                 f"{c.max_consecutive_skips}): the run trains nothing")  # fmt: skip
-    if step == last_step and in_a_row >= step:
-        return f"every one of the run's {step} steps was skipped: it trained nothing"
     return ""
+
+
+def trained_nothing(step: int, in_a_row: int) -> str:
+    """Why a run that reached its end at ``step``, its last ``in_a_row`` steps skipped, has
+    failed ("": it has not): it skipped every step, so no update was ever applied. Whatever
+    the limits: a 12-step run of NaN gradients stays under ``max_consecutive_skips``' 20, a
+    short fp16 run of overflows above ``min_loss_scale``. The streak is counted across
+    resumes (``Position``): a resumed run that trained before does not fail here."""
+    if not step or in_a_row < step:
+        return ""
+    steps = "its only step was" if step == 1 else f"all {step} of its steps were"
+    return (f"the run has ended and {steps} skipped as non-finite (history.jsonl says why): "
+            "it trained nothing")  # fmt: skip

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from refddp.launch.stop_signals import StopRequest
 
@@ -226,13 +227,35 @@ def decode(sums: list[float]) -> Agreed:
     return Agreed(targets, loss_sum, signum)
 
 
-def ranks_with_nonfinite_loss(step_loss: torch.Tensor, several: bool) -> int:
-    """How many ranks' step loss is non-finite: a collective every rank calls (``several``
-    ranks), only where the gradient was non-finite (the same on every rank), to say why."""
-    flag = (~torch.isfinite(step_loss.detach())).to(torch.float64).reshape(1)
+class Nonfinite(NamedTuple):
+    """Why and where a skipped step was non-finite, the same on every rank: how many ranks'
+    step loss was, and the parameters whose gradient held an inf or a NaN on any rank."""
+
+    bad_ranks: int
+    parameters: list[str]
+
+
+def where_nonfinite(step_loss: torch.Tensor, model: torch.nn.Module, several: bool
+                    ) -> Nonfinite:  # fmt: skip
+    """Each rank's loss flag and one flag per parameter of ``model`` (in its order), summed
+    over the ranks by one all-reduce that every rank calls (``several`` ranks), only at a
+    skipped step: the gradient's norm says that a step is non-finite, not where. Each rank
+    checks the gradient it holds (under FSDP its shard; a parameter DDP ignores has its own on
+    each rank), so the sum names every parameter, alike on every rank."""
+    flags = [(~torch.isfinite(step_loss.detach())).reshape(())]
+    names = []
+    for name, parameter in model.named_parameters():
+        grad = parameter.grad
+        if isinstance(grad, DTensor):
+            grad = grad.to_local()
+        names.append(name)
+        flags.append(torch.zeros((), dtype=torch.bool, device=flags[0].device) if grad is None
+                     else (~torch.isfinite(grad)).any().to(flags[0].device))  # fmt: skip
+    summed = torch.stack(flags).to(torch.float64)
     if several:
-        dist.all_reduce(flag)
-    return int(flag.item())
+        dist.all_reduce(summed)
+    bad_ranks, *bad = summed.tolist()
+    return Nonfinite(int(bad_ranks), [name for name, n in zip(names, bad, strict=True) if n])
 
 
 class LateLoss:

@@ -29,7 +29,7 @@ from refddp.launch import host_random
 from refddp.launch.error_file import AGREED_STOP, record_error
 from refddp.training import skips
 from refddp.training.skips import spread_nonfinite
-from refddp.training.step_agreement import NonFiniteStep, ranks_with_nonfinite_loss
+from refddp.training.step_agreement import NonFiniteStep, where_nonfinite
 from refddp.workload.objectives.batches import to_device
 
 log = logging.getLogger("refddp")
@@ -181,6 +181,25 @@ def free_last_gradient(trainer: Any) -> None:
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
+def stop_every_rank(trainer: Any, said: str) -> None:
+    """End the run on every rank with ``said`` (each calls this alike, from values they
+    share): recorded for the launcher's one line, then raised as ``NonFiniteStep``."""
+    recorded = record_error(said, AGREED_STOP)
+    if trainer.several:  # every rank is here: none exits before all have recorded
+        dist.barrier()
+    raise NonFiniteStep(said, recorded=recorded)
+
+
+def end_if_nothing_trained(trainer: Any) -> None:
+    """A run that reached its end having skipped every step fails there, on every rank alike
+    (``skips.trained_nothing``), after its final evaluation and checkpoint: a rerun finds the
+    same and fails again."""
+    pos = trainer.pos
+    why = skips.trained_nothing(pos.step, pos.skipped_in_a_row)
+    if why:
+        stop_every_rank(trainer, f"step {pos.step}: {why}")
+
+
 def settle_ddp_buckets(trainer: Any, batch: Any) -> None:
     """One backward of a zero loss on ``batch`` before this invocation's first step, so
     that every step of every run, fresh or resumed, all-reduces its gradient in DDP's
@@ -251,21 +270,19 @@ def skip_step(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> 
     changed are put back, GradScaler backs off for an overflow, the skip is counted and
     recorded, and the run ends if it trains nothing (refddp/training/skips.py); its gradient
     is freed. Only the data position has advanced."""
-    bad = ranks_with_nonfinite_loss(step_loss, trainer.several)  # a collective: every rank
+    found = where_nonfinite(step_loss, trainer.model, trainer.several)  # a collective: every rank
     trainer.before_step.restore()
     free_last_gradient(trainer)  # its non-finite gradient goes now, not at the next step
-    overflow = skips.end_scaler_iteration(trainer.scaler, bool(bad)) if trainer.scaling else None
+    overflow = None
+    if trainer.scaling:
+        overflow = skips.end_scaler_iteration(trainer.scaler, bool(found.bad_ranks))
     pos = trainer.pos
     pos.skipped_steps += 1
     pos.skipped_in_a_row += 1
-    why = skips.cause(bad, trainer.ctx.world_size, norm, overflow)
+    why = skips.cause(found, trainer.ctx.world_size, norm, overflow)
     trainer.trackers.skipped(step, why, pos.skipped_steps)
-    ends = skips.run_ends(trainer.c, step, trainer.total_steps, pos.skipped_in_a_row, overflow)
+    ends = skips.run_ends(trainer.c, pos.skipped_in_a_row, overflow)
     if ends:
-        said = f"step {step}: {why}; stopping every rank ({ends})"
-        recorded = record_error(said, AGREED_STOP)
-        if trainer.several:  # every rank is here: none exits before all have recorded
-            dist.barrier()
-        raise NonFiniteStep(said, recorded=recorded)
+        stop_every_rank(trainer, f"step {step}: {why}; stopping every rank ({ends})")
     if trainer.ctx.is_main:
         log.warning("step %d: %s; update skipped on every rank", step, why)

@@ -373,6 +373,8 @@ class Trainer:
         bar.close()
         if profiler is not None:
             profiler.finish()  # a run that stopped inside the window
+        if not stopping:
+            steps.end_if_nothing_trained(self)
         rank0_then_meet(self.trackers.close)
         if stopping:
             why = signal.Signals(self.stopped_by).name if self.stopped_by else "stop_after reached"

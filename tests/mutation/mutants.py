@@ -1288,6 +1288,25 @@ MUTANTS = (
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
     ),
     Mutant(
+        "nonfinite-parameters-from-this-rank-only", "a non-finite gradient names its parameters",
+        AGREEMENT,
+        "    bad_ranks, *bad = summed.tolist()\n",
+        "    bad_ranks, *bad = [summed[0].item(), *torch.stack(flags)[1:].tolist()]\n",
+        (f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line",),
+    ),
+    Mutant(
+        "nonfinite-parameters-unnamed", "a non-finite gradient names its parameters", SKIPPED,
+        "    if found.parameters:\n", "    if False:\n",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",
+         f"{T_NONFINITE}::test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_0"),
+    ),
+    Mutant(
+        "fsdp-gradient-shards-read-as-dtensors", "a non-finite gradient names its parameters",
+        AGREEMENT,
+        "        if isinstance(grad, DTensor):\n            grad = grad.to_local()\n", "",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-fsdp]",),
+    ),
+    Mutant(
         "nonfinite-step-not-counted", "a skipped step is counted and said", STEPS,
         "    pos.skipped_steps += 1\n", "",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",),
@@ -1299,8 +1318,8 @@ MUTANTS = (
     ),
     Mutant(
         "agreed-stop-not-recorded", "an agreed stop is one line, its cause",
-        STEPS, "        recorded = record_error(said, AGREED_STOP)",
-        "        recorded = False",
+        STEPS, "    recorded = record_error(said, AGREED_STOP)",
+        "    recorded = False",
         (f"{T_NONFINITE}::test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line"
          "[inf-loss]",),
     ),
@@ -1313,7 +1332,7 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",
-        AGREEMENT, "        dist.all_reduce(flag)\n", "        pass\n",
+        AGREEMENT, "        dist.all_reduce(summed)\n", "        pass\n",
         (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
          "_losses_were",),
     ),
@@ -2142,14 +2161,14 @@ MUTANTS = (
     ),
     Mutant(
         "whole-run-skipped-exits-0", "no run that trains nothing exits 0", SKIPPED,
-        "if step == last_step and in_a_row >= step:", "if False:",
+        "    if not step or in_a_row < step:\n", "    if True:\n",
         (f"{T_SKIPPED_STEPS}::test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exit_1",
          f"{T_SKIPPED_STEPS}::test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained",
-         "tests/training/test_step_scenarios.py::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace"),
+         f"{T_SCENARIOS}::test_every_generated_scenario_keeps_the_ranks_in_step_and_leaves_skips_no_trace"),
     ),
     Mutant(
         "any-run-ending-in-a-skip-fails", "no run that trains nothing exits 0", SKIPPED,
-        "if step == last_step and in_a_row >= step:", "if step == last_step:",
+        "    if not step or in_a_row < step:\n", "    if not step or not in_a_row:\n",
         (f"{T_SKIPPED_STEPS}::test_a_run_that_trained_before_its_last_steps_were_skipped_ends_exit_0",
          f"{T_SKIPPED_STEPS}::test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained"),
     ),

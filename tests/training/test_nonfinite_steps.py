@@ -7,6 +7,7 @@ one step: a NaN gradient behind a finite loss (a distance between a vector and i
 copy), and an infinite loss behind a finite gradient (a target logit masked to -inf).
 """
 
+import json
 import math
 import re
 
@@ -39,6 +40,19 @@ def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_s
         assert torch.isfinite(value).all(), key
         # The same global batches, the same step skipped: the weights of one process.
         torch.testing.assert_close(two[0]["weights"][key], value, rtol=1e-9, atol=1e-12)
+    if loss == NAN_GRADIENT:  # named alike by one process and by two, whose shards differ
+        (_, one_cause), (_, two_cause) = (skipped_causes(tmp_path / n) for n in ("one", "two"))
+        assert one_cause == two_cause, (one_cause, two_cause)
+        assert re.fullmatch(r"non-finite gradient \(norm nan\) behind a finite loss on every "
+                            r"rank, in \S+(, \S+)* and \d+ more", two_cause), two_cause  # fmt: skip
+
+
+def skipped_causes(out) -> tuple[int, str]:
+    """The one skipped step history.jsonl records in ``out``: its step and cause."""
+    skips = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()
+             if '"skipped"' in line]  # fmt: skip
+    assert len(skips) == 1, skips
+    return skips[0]["step"], skips[0]["skipped"]
 
 
 def test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale(spawn, tmp_path):
@@ -75,7 +89,8 @@ def test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_
     said = [line for line in done.stderr.splitlines() if "update skipped" in line]
     assert len(said) == 1, done.stderr  # from rank 0 only
     step = re.search(r"step (\d+): non-finite gradient \(norm nan\) behind a finite loss on "
-                     r"every rank; update skipped on every rank", said[0])  # fmt: skip
+                     r"every rank, in net\.0\.weight, net\.0\.bias, net\.2\.weight and 3 more; "
+                     r"update skipped on every rank", said[0])  # fmt: skip
     assert step, said
     finished = re.search(r"done: step 12, val_loss (\S+)", done.stderr)
     assert finished and math.isfinite(float(finished[1].rstrip(","))), done.stderr
@@ -83,7 +98,8 @@ def test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_
 
 @pytest.mark.parametrize(
     "loss, why",
-    [(NAN_GRADIENT, r"non-finite gradient \(norm nan\) behind a finite loss on every rank"),
+    [(NAN_GRADIENT, r"non-finite gradient \(norm nan\) behind a finite loss on every rank, in "
+                    r"net\.0\.weight, net\.0\.bias, net\.2\.weight and 3 more"),
      (INFINITE_LOSS, r"non-finite loss on 1 of 2 rank\(s\)")],
     ids=["nan-gradient", "inf-loss"],
 )  # fmt: skip

@@ -18,7 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refddp.config.schema import TrainConfig
 from refddp.testing import RankFailure
+from refddp.training.skips import run_ends, trained_nothing
 from tests.observability_tasks import fit_with_recording_tracker
 from tests.rank_tasks import TOKENS, fit, fit_full_weights
 from tests.step_tasks import (
@@ -141,9 +143,9 @@ def test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_e
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: step 5: non-finite gradient (norm nan) behind a finite loss on every rank; "
-        "stopping every rank (5 steps in a row skipped (max_consecutive_skips 5): the run "
-        "trains nothing)"
+        "error: step 5: non-finite gradient (norm nan) behind a finite loss on every rank, in "
+        "net.0.weight, net.0.bias, net.2.weight and 3 more; stopping every rank (5 steps in a "
+        "row skipped (max_consecutive_skips 5): the run trains nothing)"
     ], done.stderr
 
 
@@ -155,10 +157,12 @@ def test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exi
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: step 12: non-finite gradient (norm nan) behind a finite loss on every rank; "
-        "stopping every rank (every one of the run's 12 steps was skipped: it trained nothing)"
+        "error: step 12: the run has ended and all 12 of its steps were skipped as non-finite "
+        "(history.jsonl says why): it trained nothing"
     ], done.stderr
     assert "done:" not in done.stderr
+    _, skips = history(done.out)
+    assert [r["step"] for r in skips] == list(range(1, 13))
 
 
 def test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1(
@@ -166,9 +170,12 @@ def test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_ex
 ):
     flags = {**tiny, "loss": NAN_EVERY_STEP, "nproc": 2}
     run_cli("--stop-after", 5, **flags)  # skips 1-5, under every limit: a stop, exit 0
+    shorter = run_cli("--max-steps", 5, check=False, **flags)  # at its end already
+    assert shorter.returncode == 1, shorter.stderr
+    assert "step 5: the run has ended and all 5 of its steps were skipped" in shorter.stderr
     done = run_cli(check=False, **flags)  # skips 6-12: 7 in this invocation, 12 in the run
     assert done.returncode == 1, done.stderr
-    assert "(every one of the run's 12 steps was skipped: it trained nothing)" in done.stderr
+    assert "step 12: the run has ended and all 12 of its steps were skipped" in done.stderr
 
 
 def test_a_run_that_trained_before_its_last_steps_were_skipped_ends_exit_0(run_cli, tiny):
@@ -185,25 +192,23 @@ def test_a_run_that_trained_before_its_last_steps_were_skipped_ends_exit_0(run_c
 def test_a_run_ends_in_failure_exactly_when_a_streak_reaches_the_limit_or_nothing_trained(
     applied, limit
 ):
-    """Over every pattern of applied and skipped steps and any limit (0: none), the trainer's
-    counts as ``refddp/training/steps.py`` keeps them: the run ends (exit 1) at the first skip
-    that completes a streak of ``limit``, or at its last step if no step was applied;
-    otherwise it runs to its end. (The counts crossing a resume:
-    ``test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1``.)"""
-    from refddp.config.schema import TrainConfig
-    from refddp.training.skips import run_ends
-
+    """Over every pattern of applied and skipped steps and any limit (0: none), with the counts
+    ``refddp/training/steps.py`` keeps: the run fails at the first skip that completes a streak
+    of ``limit``, else at its end if no step was applied, else never. (The counts crossing a
+    resume: ``test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1``.)"""
     c = TrainConfig(max_consecutive_skips=limit)
-    last, in_a_row, ended_at = len(applied), 0, None
+    in_a_row, failed_at = 0, None
     for step, ok in enumerate(applied, start=1):
         in_a_row = 0 if ok else in_a_row + 1
-        if not ok and run_ends(c, step, last, in_a_row, None):
-            ended_at = step
+        if not ok and run_ends(c, in_a_row, None):
+            failed_at = step
             break
-    full_streak = [False] * limit
-    reached = [s for s in range(limit, last + 1) if limit and applied[s - limit:s] == full_streak]
-    expected = reached[0] if reached else (None if any(applied) else last)
-    assert ended_at == expected
+    if failed_at is None and trained_nothing(len(applied), in_a_row):
+        failed_at = len(applied)
+    streak = [False] * limit
+    reached = [s for s in range(limit, len(applied) + 1)
+               if limit and applied[s - limit:s] == streak]  # fmt: skip
+    assert failed_at == (reached[0] if reached else None if any(applied) else len(applied))
 
 
 def test_the_consecutive_limit_counts_skips_in_a_row_only(spawn, tmp_path):
@@ -259,8 +264,9 @@ def test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line(
     assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
     said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
             for text in info.value.failures.values()}  # fmt: skip
-    assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank; "
-                    "stopping every rank (on_nonfinite=stop)"}  # fmt: skip
+    # Only rank 1's gradient of the expert is NaN: every rank names it, from their flags' sum.
+    assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank, "
+                    "in expert.value; stopping every rank (on_nonfinite=stop)"}  # fmt: skip
 
 
 def test_the_parameters_taken_as_unreduced_are_those_ddp_does_not_reduce(spawn):

@@ -37,8 +37,9 @@ def test_the_resnet_example_trains_from_pngs_and_its_checkpoint_loads_into_a_bar
     from refddp.workload.data import build_datasets
 
     # A hang guard, not a time goal: 2 ranks of bf16 ResNet-18 on the CPU, 2 loader workers
-    # each, beside the other test's runs on 2 cores took 237-240 s on 2026-11-28 (the default
-    # 240 s deadline failed CI's 2.14.1 job once at 240 s, every process still working).
+    # each, beside the other test's runs on 2 cores took 237-240 s at 16 px on 2026-11-28 (the
+    # default 240 s deadline failed CI's 2.14.1 job once at 240 s, every process still
+    # working); at 24 px, this file's two tests alone took 120 s on 2026-11-29.
     done = run_cli("--config", "examples/imagefolder_resnet.yaml", "--nproc", 2, data=shapes,
                    epochs=3, eval_every=5, timeout=600, **SMALL)  # fmt: skip
     history, skips = evaluations_and_skips(done.out)
