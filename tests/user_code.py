@@ -373,6 +373,13 @@ def nan_gradient_every_step_loss(outputs, batch):
     return total + ((outputs - outputs.detach()) ** 2).sum().sqrt(), (y != -100).sum()
 
 
+def huge_gradient_loss(outputs, batch):
+    """Cross-entropy summed over the batch, times 1e30: finite in float32, and so is each
+    gradient, but their 2-norm overflows float32 (its squares pass 3.4e38)."""
+    total, count = plain_cross_entropy_sum(outputs, batch)
+    return total * 1e30, count
+
+
 _training_losses = 0  # this process's training loss calls: nan_gradient_from_step_7_loss
 
 
@@ -427,6 +434,33 @@ class ExpertMLP(torch.nn.Module):
             if rank == int(os.environ.get("REFDDP_TEST_BAD_RANK", "1")) and at in (0, self.forwards):
                 out = out + ((expert - expert.detach()) ** 2).sum().sqrt()
         return out
+
+
+class OffsetMLP(torch.nn.Module):
+    """An MLP plus an offset per class, whose first element's gradient is NaN behind a finite
+    loss at the 3rd training forward, on every rank. FSDP shards the offset along its only
+    dimension, so only rank 0's shard holds that NaN: the other ranks see finite gradients."""
+
+    def __init__(self, config):
+        super().__init__()
+        from refddp.workload.models import MLP
+
+        self.mlp = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+        self.offset = torch.nn.Parameter(torch.zeros(config.num_classes))
+        self.forwards = 0
+
+    def forward(self, x):
+        out = self.mlp(x) + self.offset
+        if self.training:
+            self.forwards += 1
+            if self.forwards == 3:
+                first = self.offset[0]
+                out = out + ((first - first.detach()) ** 2).sqrt()
+        return out
+
+
+def offset_mlp(config):
+    return OffsetMLP(config).to(getattr(torch, config.dtype))
 
 
 def expert_mlp(config):

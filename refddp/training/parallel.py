@@ -116,6 +116,15 @@ class Parallel:
         dist.all_reduce(squares)
         return (shared.double().square() + squares[0]).sqrt().to(shared.dtype)
 
+    def checked_alike(self) -> tuple[list[tuple[str, nn.Parameter]], list[nn.Parameter]]:
+        """The model's trained parameters as a skipped step checks them (``where_nonfinite``):
+        those every rank holds alike, named, in the same order on every rank (DDP checked their
+        shapes at start), and this rank's own, which DDP ignores."""
+        own = {id(p) for p in self.unreduced}
+        shared = [(name, p) for name, p in self.model.named_parameters()
+                  if p.requires_grad and id(p) not in own]  # fmt: skip
+        return shared, self.unreduced
+
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
 

@@ -103,26 +103,35 @@ def end_scaler_iteration(scaler: torch.amp.GradScaler, bad_loss: bool
 
 
 def cause(found: Nonfinite, world_size: int, norm: float,
-          overflow: tuple[float, float] | None) -> str:  # fmt: skip
+          overflow: tuple[float, float] | None, ending: bool = False) -> str:  # fmt: skip
     """Why a step is skipped: ``found.bad_ranks`` ranks' loss was non-finite; else the gradient
     was, behind finite losses, and ``overflow`` (the loss scale before and after GradScaler's
-    backoff) says it was amp fp16's. A non-finite gradient of any other cause names its
-    parameters (``found.parameters``), the first place to look."""
+    backoff) says it was amp fp16's. A non-finite gradient of any other cause, and an overflow
+    that ends the run (``ending``), names where it was (``where``), the first place to look;
+    where every gradient is finite, their norm overflowed."""
     if found.bad_ranks:
         return f"non-finite loss on {found.bad_ranks} of {world_size} rank(s)"
     if overflow is not None:
-        return f"fp16 gradient overflow (loss scale {overflow[0]:g} -> {overflow[1]:g})"
+        said = f"fp16 gradient overflow (loss scale {overflow[0]:g} -> {overflow[1]:g})"
+        return f"{said}, {where(found)}" if ending and where(found) else said
     said = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
-    if found.parameters:
-        said += f", in {_some(found.parameters)}"
-    return said
+    if not where(found):
+        return f"{said}; every gradient is finite: their norm overflowed"
+    return f"{said}, {where(found)}"
 
 
-def _some(names: list[str], shown: int = 3) -> str:
-    """``a``; ``a and b``; ``a, b, c and 4 more``."""
-    if len(names) <= shown:
-        return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
-    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+def where(found: Nonfinite, shown: int = 3) -> str:
+    """``in a, b, c and 4 more``, ``in a and the parameters DDP ignores on rank 1``; "" where
+    no gradient was non-finite."""
+    names = found.parameters
+    parts = names if len(names) <= shown + 1 else [*names[:shown], f"{len(names) - shown} more"]
+    if found.ignored_on:
+        ranks = ", ".join(str(r) for r in found.ignored_on)
+        parts = [*parts, f"the parameters DDP ignores on rank{'s' * (len(found.ignored_on) > 1)} "
+                         f"{ranks}"]  # fmt: skip
+    if not parts:
+        return ""
+    return "in " + (f"{', '.join(parts[:-1])} and {parts[-1]}" if len(parts) > 1 else parts[0])
 
 
 def run_ends(c: TrainConfig, in_a_row: int, overflow: tuple[float, float] | None) -> str:

@@ -229,33 +229,49 @@ def decode(sums: list[float]) -> Agreed:
 
 class Nonfinite(NamedTuple):
     """Why and where a skipped step was non-finite, the same on every rank: how many ranks'
-    step loss was, and the parameters whose gradient held an inf or a NaN on any rank."""
+    step loss was; the parameters, of those every rank holds alike, whose gradient held an
+    inf or a NaN on any rank; and the ranks where one of the parameters DDP ignores did
+    (those differ between ranks, and only their own rank can name them)."""
 
     bad_ranks: int
     parameters: list[str]
+    ignored_on: list[int]
 
 
-def where_nonfinite(step_loss: torch.Tensor, model: torch.nn.Module, several: bool
-                    ) -> Nonfinite:  # fmt: skip
-    """Each rank's loss flag and one flag per parameter of ``model`` (in its order), summed
-    over the ranks by one all-reduce that every rank calls (``several`` ranks), only at a
-    skipped step: the gradient's norm says that a step is non-finite, not where. Each rank
-    checks the gradient it holds (under FSDP its shard; a parameter DDP ignores has its own on
-    each rank), so the sum names every parameter, alike on every rank."""
-    flags = [(~torch.isfinite(step_loss.detach())).reshape(())]
-    names = []
-    for name, parameter in model.named_parameters():
-        grad = parameter.grad
-        if isinstance(grad, DTensor):
-            grad = grad.to_local()
-        names.append(name)
-        flags.append(torch.zeros((), dtype=torch.bool, device=flags[0].device) if grad is None
-                     else (~torch.isfinite(grad)).any().to(flags[0].device))  # fmt: skip
-    summed = torch.stack(flags).to(torch.float64)
-    if several:
-        dist.all_reduce(summed)
-    bad_ranks, *bad = summed.tolist()
-    return Nonfinite(int(bad_ranks), [name for name, n in zip(names, bad, strict=True) if n])
+def where_nonfinite(step_loss: torch.Tensor, shared: list[tuple[str, torch.Tensor]],
+                    own: list[torch.Tensor], rank: int, world_size: int) -> Nonfinite:  # fmt: skip
+    """One all-reduce, which every rank calls only at a skipped step (the gradient's norm says
+    that a step is non-finite, not where), of this rank's loss flag, a flag for each of the
+    ``shared`` parameters (named, in the same order on every rank: those DDP reduces, whose
+    shapes it checked alike at start; every parameter under FSDP), and a slot for each rank,
+    set in this rank's own if one of its ``own`` parameters (those DDP ignores) has a
+    non-finite gradient. Each rank checks the gradient it holds (under FSDP its shard), so the
+    sum names every parameter alike on every rank."""
+    device = step_loss.device
+    flags = torch.zeros(1 + len(shared) + world_size, dtype=torch.float64, device=device)
+    flags[0] = (~torch.isfinite(step_loss.detach())).to(torch.float64)
+    for i, (_, parameter) in enumerate(shared, start=1):
+        flags[i] = _nonfinite(parameter.grad, device)
+    if own:
+        flags[1 + len(shared) + rank] = torch.stack([_nonfinite(p.grad, device) for p in own]).max()
+    if world_size > 1:
+        dist.all_reduce(flags)
+    bad_ranks, *bad = flags.tolist()
+    return Nonfinite(int(bad_ranks),
+                     [name for (name, _), n in zip(shared, bad[:len(shared)], strict=True) if n],
+                     [r for r, n in enumerate(bad[len(shared):]) if n])  # fmt: skip
+
+
+def _nonfinite(grad: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """1.0 where ``grad`` (this rank's: an FSDP shard's local part) holds an inf or a NaN, else
+    0.0 (also with no gradient, or an empty shard). Its largest magnitude is one reduction that
+    keeps a NaN, with no temporary the size of the gradient."""
+    if isinstance(grad, DTensor):
+        grad = grad.to_local()
+    if grad is None or grad.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    largest = torch.linalg.vector_norm(grad.detach(), float("inf"))
+    return (~torch.isfinite(largest)).to(device=device, dtype=torch.float64)
 
 
 class LateLoss:

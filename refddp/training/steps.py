@@ -270,7 +270,9 @@ def skip_step(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> 
     changed are put back, GradScaler backs off for an overflow, the skip is counted and
     recorded, and the run ends if it trains nothing (refddp/training/skips.py); its gradient
     is freed. Only the data position has advanced."""
-    found = where_nonfinite(step_loss, trainer.model, trainer.several)  # a collective: every rank
+    shared, own = trainer.parallel.checked_alike()
+    ctx = trainer.ctx  # one collective, which every rank makes:
+    found = where_nonfinite(step_loss, shared, own, ctx.rank, ctx.world_size)
     trainer.before_step.restore()
     free_last_gradient(trainer)  # its non-finite gradient goes now, not at the next step
     overflow = None
@@ -279,9 +281,9 @@ def skip_step(trainer: Any, step: int, step_loss: torch.Tensor, norm: float) -> 
     pos = trainer.pos
     pos.skipped_steps += 1
     pos.skipped_in_a_row += 1
-    why = skips.cause(found, trainer.ctx.world_size, norm, overflow)
-    trainer.trackers.skipped(step, why, pos.skipped_steps)
     ends = skips.run_ends(trainer.c, pos.skipped_in_a_row, overflow)
+    why = skips.cause(found, ctx.world_size, norm, overflow, ending=bool(ends))
+    trainer.trackers.skipped(step, why, pos.skipped_steps)
     if ends:
         stop_every_rank(trainer, f"step {step}: {why}; stopping every rank ({ends})")
     if trainer.ctx.is_main:

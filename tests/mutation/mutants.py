@@ -1290,21 +1290,35 @@ MUTANTS = (
     Mutant(
         "nonfinite-parameters-from-this-rank-only", "a non-finite gradient names its parameters",
         AGREEMENT,
-        "    bad_ranks, *bad = summed.tolist()\n",
-        "    bad_ranks, *bad = [summed[0].item(), *torch.stack(flags)[1:].tolist()]\n",
-        (f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line",),
+        "    if world_size > 1:\n        dist.all_reduce(flags)\n",
+        "    if world_size > 1:\n        dist.all_reduce(flags[:1])\n",
+        (f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp]",
+         f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line"),
     ),
     Mutant(
         "nonfinite-parameters-unnamed", "a non-finite gradient names its parameters", SKIPPED,
-        "    if found.parameters:\n", "    if False:\n",
+        "    names = found.parameters\n", "    names = []\n",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",
          f"{T_NONFINITE}::test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_0"),
     ),
     Mutant(
         "fsdp-gradient-shards-read-as-dtensors", "a non-finite gradient names its parameters",
         AGREEMENT,
-        "        if isinstance(grad, DTensor):\n            grad = grad.to_local()\n", "",
-        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-fsdp]",),
+        "    if isinstance(grad, DTensor):\n        grad = grad.to_local()\n", "",
+        (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-fsdp]",
+         f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp]"),
+    ),
+    Mutant(
+        "ignored-parameters-unflagged", "a non-finite gradient names its parameters", AGREEMENT,
+        "    if own:\n", "    if False:\n",
+        (f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line",),
+    ),
+    Mutant(
+        "norm-overflow-said-as-a-nonfinite-gradient", "a non-finite gradient names its parameters",
+        SKIPPED,
+        '    if not where(found):\n        return f"{said}; every gradient is finite: their norm overflowed"\n',
+        "",
+        (f"{T_NONFINITE}::test_finite_gradients_whose_norm_overflows_are_skipped_and_said_so",),
     ),
     Mutant(
         "nonfinite-step-not-counted", "a skipped step is counted and said", STEPS,
@@ -1332,7 +1346,7 @@ MUTANTS = (
     ),
     Mutant(
         "nonfinite-cause-told-from-this-rank-alone", "the skip's cause, the same on every rank",
-        AGREEMENT, "        dist.all_reduce(summed)\n", "        pass\n",
+        AGREEMENT, "        dist.all_reduce(flags)\n", "        pass\n",
         (f"{T_NONFINITE}::test_every_rank_stops_at_a_non_finite_step_naming_how_many_ranks"
          "_losses_were",),
     ),
@@ -2115,7 +2129,7 @@ MUTANTS = (
     # Issue 47: the step's promises at their edges.
     Mutant(
         "skipped-step-keeps-the-buffers-changed", "a skipped step leaves no trace", STEPS,
-        "every rank\n    trainer.before_step.restore()\n", "every rank\n",
+        "ctx.world_size)\n    trainer.before_step.restore()\n", "ctx.world_size)\n",
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",
          f"{T_SKIPPED_STEPS}::test_a_batchnorm_run_on_exploding_data_ends_usable_with_its_skips_on_the_record"),
     ),

@@ -55,6 +55,29 @@ def skipped_causes(out) -> tuple[int, str]:
     return skips[0]["step"], skips[0]["skipped"]
 
 
+@pytest.mark.parametrize("strategy", ["ddp", FSDP])
+def test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank(spawn, tmp_path, strategy):
+    # Under FSDP only rank 0's shard of the offset holds the NaN (its first element); rank 1's
+    # is finite, and names it from the flags' sum.
+    with pytest.raises(RankFailure) as info:
+        spawn(fit, str(tmp_path), model="tests.user_code:offset_mlp", strategy=strategy,
+              on_nonfinite="stop")  # fmt: skip
+    assert set(info.value.failures) == {0, 1}
+    said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
+            for text in info.value.failures.values()}  # fmt: skip
+    assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank, "
+                    "in offset; stopping every rank (on_nonfinite=stop)"}  # fmt: skip
+
+
+def test_finite_gradients_whose_norm_overflows_are_skipped_and_said_so(run_cli, tiny):
+    done = run_cli("--nproc", 2, "--loss", "tests.user_code:huge_gradient_loss",
+                   "--max-consecutive-skips", 3, check=False,
+                   **{**tiny, "dtype": "float32"})  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert ("error: step 3: non-finite gradient (norm inf) behind a finite loss on every rank; "
+            "every gradient is finite: their norm overflowed; stopping every rank") in done.stderr
+
+
 def test_under_fp16_a_non_finite_loss_is_skipped_and_keeps_the_loss_scale(spawn, tmp_path):
     # GradScaler would take the NaN gradient a non-finite loss makes for an overflow and halve
     # its scale; a non-finite loss is no overflow: across the skipped step the scale stays.

@@ -126,9 +126,10 @@ def test_an_fp16_run_whose_gradient_is_nan_at_every_scale_ends_in_one_line_exit_
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     # GradScaler halves 65536 at each overflow: below 1 at the 17th.
     assert errors == [
-        "error: step 17: fp16 gradient overflow (loss scale 1 -> 0.5); stopping every rank (the "
-        "fp16 loss scale fell below min_loss_scale 1: the gradient is non-finite at every "
-        "scale (a NaN, not an overflow))"
+        "error: step 17: fp16 gradient overflow (loss scale 1 -> 0.5), in net.0.weight, "
+        "net.0.bias, net.2.weight and 3 more; stopping every rank (the fp16 loss scale fell "
+        "below min_loss_scale 1: the gradient is non-finite at every scale (a NaN, not an "
+        "overflow))"
     ], done.stderr
     assert "done:" not in done.stderr
     _, skips = history(done.out)
@@ -161,8 +162,10 @@ def test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exi
         "(history.jsonl says why): it trained nothing"
     ], done.stderr
     assert "done:" not in done.stderr
-    _, skips = history(done.out)
+    evaluations, skips = history(done.out)
     assert [r["step"] for r in skips] == list(range(1, 13))
+    # It fails at its end: after the final evaluation and checkpoint, as a finished run.
+    assert evaluations[-1]["step"] == 12 and done.checkpoint()["step"] == 12, evaluations
 
 
 def test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_exit_1(
@@ -264,9 +267,11 @@ def test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line(
     assert set(info.value.failures) == {0, 1}, "every rank stops, none is left waiting"
     said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
             for text in info.value.failures.values()}  # fmt: skip
-    # Only rank 1's gradient of the expert is NaN: every rank names it, from their flags' sum.
+    # Only rank 1's gradient of the expert is NaN, which DDP ignores: only rank 1 could name it,
+    # and every rank says where it was.
     assert said == {"step 3: non-finite gradient (norm nan) behind a finite loss on every rank, "
-                    "in expert.value; stopping every rank (on_nonfinite=stop)"}  # fmt: skip
+                    "in the parameters DDP ignores on rank 1; stopping every rank "
+                    "(on_nonfinite=stop)"}  # fmt: skip
 
 
 def test_the_parameters_taken_as_unreduced_are_those_ddp_does_not_reduce(spawn):
