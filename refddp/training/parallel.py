@@ -47,6 +47,7 @@ class Parallel:
         self.model, self.ctx = model, ctx
         self.parameters = list(model.parameters())  # (grad_norm's, listed once)
         self.unreduced: list[nn.Parameter] = []  # trained parameters DDP does not all-reduce
+        self.alike: list[tuple[str, nn.Parameter]] = []  # (build_parallel's: checked_alike)
         self.first_backward_rebuilds = False
         if ctx.world_size == 1:
             self.wrapped: nn.Module = model
@@ -117,13 +118,14 @@ class Parallel:
         return (shared.double().square() + squares[0]).sqrt().to(shared.dtype)
 
     def checked_alike(self) -> tuple[list[tuple[str, nn.Parameter]], list[nn.Parameter]]:
-        """The model's trained parameters as a skipped step checks them (``where_nonfinite``):
-        those every rank holds alike, named, in the same order on every rank (DDP checked their
-        shapes at start), and this rank's own, which DDP ignores."""
-        own = {id(p) for p in self.unreduced}
-        shared = [(name, p) for name, p in self.model.named_parameters()
-                  if p.requires_grad and id(p) not in own]  # fmt: skip
-        return shared, self.unreduced
+        """The model's parameters as a skipped step checks them (``where_nonfinite``): those
+        every rank holds alike, named, in the same order on every rank (those DDP reduces,
+        whose shapes it checked at start; under FSDP all), listed by ``build_parallel`` as
+        DDP lists them; and this rank's others (those DDP ignores, and any
+        unfrozen since), whose number and names may differ between ranks."""
+        alike = {id(p) for _, p in self.alike}
+        others = [p for p in self.model.parameters() if p.requires_grad and id(p) not in alike]
+        return self.alike, others
 
     def model_state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
@@ -163,13 +165,18 @@ def unreduced_parameters(ddp: DDP) -> list[nn.Parameter]:
 
 def clip_to_norm(parameters: list[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:
     """Scale the gradients of ``parameters``, whose total norm is ``norm``, down to
-    ``max_norm`` (``nn.utils.clip_grads_with_norm_``, torch >= 2.6; before, clipping computes
-    the norm again)."""
+    ``max_norm`` (``nn.utils.clip_grads_with_norm_``, torch >= 2.6; before, the same scale
+    written out, plain tensors only: FSDP2 needs 2.6). A non-finite norm, a step about to be
+    skipped, clips nothing: scaled by NaN every gradient would turn NaN, and the skip could
+    not say whose was (``where_nonfinite``); a norm of 0 leaves the scale at 1."""
+    finite = torch.nan_to_num(norm, nan=0.0, posinf=0.0, neginf=0.0)
     clip_grads_with_norm_ = getattr(nn.utils, "clip_grads_with_norm_", None)
     if clip_grads_with_norm_ is not None:
-        clip_grads_with_norm_(parameters, max_norm, norm)
-    else:
-        nn.utils.clip_grad_norm_(parameters, max_norm)
+        clip_grads_with_norm_(parameters, max_norm, finite)
+        return
+    scale = (max_norm / (finite + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s, torch 2.5
+    for p in parameters:
+        p.grad.mul_(scale.to(p.grad.device))
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -372,9 +379,12 @@ def _indices_to_names(state: dict[str, Any], model: nn.Module) -> dict[str, Any]
 
 def build_parallel(model: nn.Module, c: TrainConfig, ctx: DistContext) -> Parallel:
     """Wrap ``model`` (already on this rank's device) for ``c.strategy``."""
-    if c.strategy == "fsdp":
-        return FullyShardedParallel(model, c, ctx)
-    return Parallel(model, c, ctx)
+    kind = FullyShardedParallel if c.strategy == "fsdp" else Parallel
+    parallel = kind(model, c, ctx)
+    own = {id(p) for p in parallel.unreduced}
+    parallel.alike = [(name, p) for name, p in model.named_parameters()
+                      if p.requires_grad and id(p) not in own]  # fmt: skip
+    return parallel
 
 
 def sync_buffers(model: nn.Module) -> None:

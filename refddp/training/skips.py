@@ -27,6 +27,8 @@ The counts live in the run's ``Position`` (checkpoints carry them across a resum
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -115,23 +117,29 @@ def cause(found: Nonfinite, world_size: int, norm: float,
         said = f"fp16 gradient overflow (loss scale {overflow[0]:g} -> {overflow[1]:g})"
         return f"{said}, {where(found)}" if ending and where(found) else said
     said = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
-    if not where(found):
+    if where(found):
+        return f"{said}, {where(found)}"
+    if math.isinf(norm):  # finite gradients overflow to inf, never to NaN
         return f"{said}; every gradient is finite: their norm overflowed"
-    return f"{said}, {where(found)}"
+    return f"{said}; no trained parameter's gradient was found non-finite"
 
 
-def where(found: Nonfinite, shown: int = 3) -> str:
-    """``in a, b, c and 4 more``, ``in a and the parameters DDP ignores on rank 1``; "" where
-    no gradient was non-finite."""
-    names = found.parameters
-    parts = names if len(names) <= shown + 1 else [*names[:shown], f"{len(names) - shown} more"]
+def where(found: Nonfinite) -> str:
+    """``in a, b, c and 4 more``; ``in a, and in the parameters DDP ignores on ranks 1 and
+    3``; "" where no gradient was non-finite."""
+    parts = [_listed(found.parameters)] if found.parameters else []
     if found.ignored_on:
-        ranks = ", ".join(str(r) for r in found.ignored_on)
-        parts = [*parts, f"the parameters DDP ignores on rank{'s' * (len(found.ignored_on) > 1)} "
-                         f"{ranks}"]  # fmt: skip
-    if not parts:
-        return ""
-    return "in " + (f"{', '.join(parts[:-1])} and {parts[-1]}" if len(parts) > 1 else parts[0])
+        many = "s" * (len(found.ignored_on) > 1)
+        parts.append(f"the parameters DDP ignores on rank{many} {_listed(found.ignored_on)}")
+    return "in " + ", and in ".join(parts) if parts else ""
+
+
+def _listed(items: list, shown: int = 3) -> str:
+    """``a``; ``a and b``; ``a, b, c and d``; ``a, b, c and 4 more``."""
+    words = [str(item) for item in items]
+    if len(words) > shown + 1:
+        words = [*words[:shown], f"{len(words) - shown} more"]
+    return f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else words[0]
 
 
 def run_ends(c: TrainConfig, in_a_row: int, overflow: tuple[float, float] | None) -> str:

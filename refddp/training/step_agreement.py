@@ -250,10 +250,12 @@ def where_nonfinite(step_loss: torch.Tensor, shared: list[tuple[str, torch.Tenso
     device = step_loss.device
     flags = torch.zeros(1 + len(shared) + world_size, dtype=torch.float64, device=device)
     flags[0] = (~torch.isfinite(step_loss.detach())).to(torch.float64)
-    for i, (_, parameter) in enumerate(shared, start=1):
-        flags[i] = _nonfinite(parameter.grad, device)
+    if shared:
+        largest = torch.stack([_largest(parameter.grad, device) for _, parameter in shared])
+        flags[1:1 + len(shared)] = (~torch.isfinite(largest)).to(torch.float64)
     if own:
-        flags[1 + len(shared) + rank] = torch.stack([_nonfinite(p.grad, device) for p in own]).max()
+        largest = torch.stack([_largest(parameter.grad, device) for parameter in own])
+        flags[1 + len(shared) + rank] = (~torch.isfinite(largest)).any().to(torch.float64)
     if world_size > 1:
         dist.all_reduce(flags)
     bad_ranks, *bad = flags.tolist()
@@ -262,16 +264,15 @@ def where_nonfinite(step_loss: torch.Tensor, shared: list[tuple[str, torch.Tenso
                      [r for r, n in enumerate(bad[len(shared):]) if n])  # fmt: skip
 
 
-def _nonfinite(grad: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """1.0 where ``grad`` (this rank's: an FSDP shard's local part) holds an inf or a NaN, else
-    0.0 (also with no gradient, or an empty shard). Its largest magnitude is one reduction that
-    keeps a NaN, with no temporary the size of the gradient."""
+def _largest(grad: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The largest magnitude in ``grad`` (this rank's: an FSDP shard's local part), NaN if it
+    holds one (one reduction, with no temporary the size of the gradient); 0 with no
+    gradient or an empty shard."""
     if isinstance(grad, DTensor):
         grad = grad.to_local()
     if grad is None or grad.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    largest = torch.linalg.vector_norm(grad.detach(), float("inf"))
-    return (~torch.isfinite(largest)).to(device=device, dtype=torch.float64)
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.linalg.vector_norm(grad.detach(), float("inf")).to(device, torch.float32)
 
 
 class LateLoss:

@@ -1292,12 +1292,12 @@ MUTANTS = (
         AGREEMENT,
         "    if world_size > 1:\n        dist.all_reduce(flags)\n",
         "    if world_size > 1:\n        dist.all_reduce(flags[:1])\n",
-        (f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp]",
+        (f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp-unclipped]",
          f"{T_SKIPPED_STEPS}::test_a_nan_gradient_on_a_parameter_ddp_ignores_stops_every_rank_in_one_line"),
     ),
     Mutant(
         "nonfinite-parameters-unnamed", "a non-finite gradient names its parameters", SKIPPED,
-        "    names = found.parameters\n", "    names = []\n",
+        "    parts = [_listed(found.parameters)] if found.parameters else []\n", "    parts = []\n",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-ddp]",
          f"{T_NONFINITE}::test_the_nan_gradient_run_says_once_which_step_it_skipped_and_why_and_exits_0"),
     ),
@@ -1306,7 +1306,7 @@ MUTANTS = (
         AGREEMENT,
         "    if isinstance(grad, DTensor):\n        grad = grad.to_local()\n", "",
         (f"{T_NONFINITE}::test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_skips_it[nan-gradient-fsdp]",
-         f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp]"),
+         f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[fsdp-unclipped]"),
     ),
     Mutant(
         "ignored-parameters-unflagged", "a non-finite gradient names its parameters", AGREEMENT,
@@ -1316,9 +1316,16 @@ MUTANTS = (
     Mutant(
         "norm-overflow-said-as-a-nonfinite-gradient", "a non-finite gradient names its parameters",
         SKIPPED,
-        '    if not where(found):\n        return f"{said}; every gradient is finite: their norm overflowed"\n',
-        "",
+        "    if math.isinf(norm):  # finite gradients overflow to inf, never to NaN\n",
+        "    if False:\n",
         (f"{T_NONFINITE}::test_finite_gradients_whose_norm_overflows_are_skipped_and_said_so",),
+    ),
+    Mutant(
+        "clipped-by-a-nan-norm", "a non-finite gradient names its parameters",
+        "refddp/training/parallel.py",
+        "    finite = torch.nan_to_num(norm, nan=0.0, posinf=0.0, neginf=0.0)\n",
+        "    finite = norm\n",
+        (f"{T_NONFINITE}::test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank[ddp-clipped]",),
     ),
     Mutant(
         "nonfinite-step-not-counted", "a skipped step is counted and said", STEPS,
@@ -1590,7 +1597,7 @@ MUTANTS = (
     ),
     Mutant(
         "clipping-reduces-the-norm-again", "one all-reduce for the norm and clipping", PARALLEL,
-        "        clip_grads_with_norm_(parameters, max_norm, norm)\n",
+        "        clip_grads_with_norm_(parameters, max_norm, finite)\n",
         "        nn.utils.clip_grad_norm_(parameters, max_norm)\n",
         (f"{T_PARALLEL}::test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at"
          "_most[fsdp-1]",),

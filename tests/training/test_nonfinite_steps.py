@@ -55,13 +55,16 @@ def skipped_causes(out) -> tuple[int, str]:
     return skips[0]["step"], skips[0]["skipped"]
 
 
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5], ids=["unclipped", "clipped"])
 @pytest.mark.parametrize("strategy", ["ddp", FSDP])
-def test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank(spawn, tmp_path, strategy):
+def test_a_nan_gradient_in_one_rank_s_shard_is_named_alike_on_every_rank(
+    spawn, tmp_path, strategy, grad_clip
+):
     # Under FSDP only rank 0's shard of the offset holds the NaN (its first element); rank 1's
-    # is finite, and names it from the flags' sum.
+    # is finite, and names it from the flags' sum. Clipping by the NaN norm must not spread it.
     with pytest.raises(RankFailure) as info:
         spawn(fit, str(tmp_path), model="tests.user_code:offset_mlp", strategy=strategy,
-              on_nonfinite="stop")  # fmt: skip
+              on_nonfinite="stop", grad_clip=grad_clip)  # fmt: skip
     assert set(info.value.failures) == {0, 1}
     said = {re.search(r"NonFiniteStep: (step \d+: .*)", text)[1]
             for text in info.value.failures.values()}  # fmt: skip
