@@ -14,6 +14,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def error_lines(stderr: str) -> list[str]:
+    """The ``error:`` lines a command wrote (refddp's one-line failures)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
 def train_command(out: Path | str, *args: object, **flags: object) -> list[str]:
     """``python -m refddp.train --no-progress --out OUT ARGS... --flag value...``."""
     cmd = [sys.executable, "-m", "refddp.train", "--no-progress", "--out", str(out)]

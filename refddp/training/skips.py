@@ -113,12 +113,13 @@ def cause(found: Nonfinite, world_size: int, norm: float,
     where every gradient is finite, their norm overflowed."""
     if found.bad_ranks:
         return f"non-finite loss on {found.bad_ranks} of {world_size} rank(s)"
+    at = where(found)
     if overflow is not None:
         said = f"fp16 gradient overflow (loss scale {overflow[0]:g} -> {overflow[1]:g})"
-        return f"{said}, {where(found)}" if ending and where(found) else said
+        return f"{said}, {at}" if ending and at else said
     said = f"non-finite gradient (norm {norm}) behind a finite loss on every rank"
-    if where(found):
-        return f"{said}, {where(found)}"
+    if at:
+        return f"{said}, {at}"
     if math.isinf(norm):  # finite gradients overflow to inf, never to NaN
         return f"{said}; every gradient is finite: their norm overflowed"
     return f"{said}; no trained parameter's gradient was found non-finite"

@@ -7,11 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.cli_runs import run, train_command
-
-
-def error_lines(stderr):
-    return [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+from tests.cli_runs import error_lines, run, train_command
 
 
 def test_a_sigkilled_rank_is_named_and_no_empty_stack_file_is_reported(run_cli, tiny):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli_runs import run, start, train_command
+from tests.cli_runs import error_lines, run, start, train_command
 
 TINY = [
     "--train-size",
@@ -243,7 +243,7 @@ def test_nonfinite_loss_with_stop_policy_exits_with_one_line(tmp_path, spawn, no
         )
     )
     assert done.returncode == 1
-    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    errors = error_lines(done.stderr)
     assert len(errors) == 1, errors  # the stop every rank agreed on, once, from the launcher
     assert re.match(r"error: step \d+: non-finite loss on [12] of 2 rank\(s\); stopping every "
                     r"rank \(on_nonfinite=stop\)$", errors[0]), errors

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from refddp.testing import RankFailure
+from tests.cli_runs import error_lines
 from tests.rank_tasks import fit, fit_full_weights, fit_recording_scales
 from tests.torch_features import FSDP
 
@@ -133,7 +134,7 @@ def test_on_nonfinite_stop_stops_every_rank_at_that_step_with_one_line(run_cli, 
     done = run_cli("--nproc", 2, "--loss", loss, "--on-nonfinite", "stop", check=False,
                    **{**tiny, **MARKED})  # fmt: skip
     assert done.returncode == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(done.stderr)
     # One line, from the launcher (each rank recorded the stop when it decided it, so the line
     # stands however the agent ended the ranks after the first exited); that every rank
     # stops at that step is test_every_rank_stops_at_a_non_finite_step_naming_how_many_....

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from refddp.config.schema import TrainConfig
 from refddp.testing import RankFailure
 from refddp.training.skips import run_ends, trained_nothing
+from tests.cli_runs import error_lines
 from tests.observability_tasks import fit_with_recording_tracker
 from tests.rank_tasks import TOKENS, fit, fit_full_weights
 from tests.step_tasks import (
@@ -123,7 +124,7 @@ def test_an_fp16_run_whose_gradient_is_nan_at_every_scale_ends_in_one_line_exit_
              "on_nonfinite": mode, "epochs": 4}  # 24 steps  # fmt: skip
     done = run_cli("--nproc", 2, check=False, **flags)
     assert done.returncode == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(done.stderr)
     # GradScaler halves 65536 at each overflow: below 1 at the 17th.
     assert errors == [
         "error: step 17: fp16 gradient overflow (loss scale 1 -> 0.5), in net.0.weight, "
@@ -142,7 +143,7 @@ def test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_e
     done = run_cli("--nproc", 2, "--loss", NAN_EVERY_STEP, "--max-consecutive-skips", 5,
                    check=False, **tiny)  # fmt: skip
     assert done.returncode == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(done.stderr)
     assert errors == [
         "error: step 5: non-finite gradient (norm nan) behind a finite loss on every rank, in "
         "net.0.weight, net.0.bias, net.2.weight and 3 more; stopping every rank (5 steps in a "
@@ -156,7 +157,7 @@ def test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exi
     # 12 steps, under the default limit of 20: it used to say "done" and exit 0.
     done = run_cli("--nproc", 2, "--loss", NAN_EVERY_STEP, check=False, **tiny)
     assert done.returncode == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(done.stderr)
     assert errors == [
         "error: step 12: the run has ended and all 12 of its steps were skipped as non-finite "
         "(history.jsonl says why): it trained nothing"
@@ -243,7 +244,7 @@ def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli,
     assert re.search(r"done: step 12, val_loss (nan|inf), .*; the final evaluation is non-finite",
                      done.stderr), done.stderr  # fmt: skip
     assert done.stderr.count("done: step 12") == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(done.stderr)
     assert len(errors) == 1 and "step 12: the final evaluation is non-finite" in errors[0]
 
 
