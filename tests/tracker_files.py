@@ -84,11 +84,12 @@ def _wandb_records(path: str) -> list:
 
 
 def wandb_segments(out: Path | str) -> list[dict]:
-    """Each invocation's offline W&B run in ``out/wandb``, oldest first: its run id and its
-    history rows ({"_step": ..., key: value})."""
+    """Each invocation's offline W&B run in ``out/wandb``, oldest first: its run id, its
+    history rows ({"_step": ..., key: value}) and the exit code it finished with (None: not
+    finished)."""
     segments = []
     for path in sorted(glob.glob(os.path.join(out, "wandb", "offline-run-*", "run-*.wandb"))):
-        run_id, rows = None, []
+        run_id, rows, exit_code = None, [], None
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -96,7 +97,9 @@ def wandb_segments(out: Path | str) -> list[dict]:
             elif kind == "history":
                 rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
                              for item in record.history.item})  # fmt: skip
-        segments.append({"run_id": run_id, "rows": rows})
+            elif kind == "exit":
+                exit_code = record.exit.exit_code
+        segments.append({"run_id": run_id, "rows": rows, "exit_code": exit_code})
     return segments
 
 

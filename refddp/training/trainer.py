@@ -324,7 +324,7 @@ class Trainer:
             try:
                 return self._fit()
             except BaseException:
-                self.trackers.flush()  # what was logged before the failure stays visible
+                self.trackers.close_failed()  # what was logged stays; W&B marks the run failed
                 raise
             finally:
                 steps.free_last_gradient(self)  # the model is handed back without one

@@ -11,6 +11,7 @@ from refddp.doctor import format_table, main
 from refddp.testing import RankFailure, RankTimeout
 from tests.cli_runs import REPO
 from tests.rank_tasks import doctor_check
+from tests.torch_features import FSDP
 
 
 def test_every_rank_reports_in_with_timings_and_shards(spawn):
@@ -152,7 +153,7 @@ def test_the_roll_call_runs_on_a_gloo_side_group_when_the_backend_is_not_gloo(sp
     assert json.loads(done.stdout) == []
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", FSDP])
 def test_the_doctor_reports_the_strategy_and_each_ranks_share_of_the_model(spawn, strategy):
     model = spawn(doctor_check, strategy=strategy, world_size=2)[0]["model"]
     assert model["strategy"] == strategy

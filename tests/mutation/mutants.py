@@ -2181,6 +2181,20 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
     ),
     Mutant(
+        "failed-run-trackers-left-open", "a failed run's trackers close, marked failed",
+        "refddp/training/trainer.py",
+        "                self.trackers.close_failed()  # what was logged stays; W&B marks the run "
+        "failed\n",
+        "                self.trackers.flush()\n",
+        (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
+    ),
+    Mutant(
+        "failed-wandb-run-finished-as-done", "a failed run's trackers close, marked failed",
+        "refddp/training/trackers/wandb.py",
+        "        self.wandb_run.finish(exit_code=1)\n", "        self.wandb_run.finish()\n",
+        (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
+    ),
+    Mutant(
         "whole-run-skipped-exits-0", "no run that trains nothing exits 0", SKIPPED,
         "    if not step or in_a_row < step:\n", "    if True:\n",
         (f"{T_SKIPPED_STEPS}::test_a_run_shorter_than_the_limit_that_skips_every_step_ends_in_one_line_exit_1",

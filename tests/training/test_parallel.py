@@ -18,6 +18,7 @@ from refddp.testing.checks.collectives import process_group_sequence
 from refddp.training.parallel import FullyShardedParallel, Parallel, build_parallel, fsdp_blocks
 from refddp.workload.models import build_model
 from tests.rank_tasks import fit_recording_collectives
+from tests.torch_features import needs_fsdp2
 
 CONFIG = {"input_dim": 8, "hidden_size": 16, "depth": 3, "num_classes": 3, "dtype": "float64"}
 
@@ -72,12 +73,14 @@ def fsdp_vs_ddp(optimizer: str, sum_gradients: bool = False) -> float | None:
     return max(((full[k] - v).abs().max() / v.abs().max()).item() for k, v in ours.items())
 
 
+@needs_fsdp2
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_fsdp_trains_like_ddp_with_accumulation_and_clipping(spawn, optimizer):
     diffs = spawn(fsdp_vs_ddp, optimizer, world_size=2)
     assert diffs[0] is not None and diffs[0] < 1e-12, diffs
 
 
+@needs_fsdp2
 def test_fsdp_vs_ddp_comparison_catches_summed_gradients(spawn):
     # Negative sibling: the same comparison with FSDP summing gradients over ranks must fail.
     diffs = spawn(fsdp_vs_ddp, "sgd", sum_gradients=True, world_size=2)
@@ -116,6 +119,7 @@ def state_round_trip() -> dict | None:
     }
 
 
+@needs_fsdp2
 def test_checkpoint_state_moves_between_ddp_fsdp_and_one_process(spawn):
     rank0, rank1 = spawn(state_round_trip, world_size=2)
     assert rank0["keys"] and rank0["model_equal"] and rank0["exp_avg_equal"], rank0
@@ -157,7 +161,7 @@ def collectives_of_the_gradient_norm(strategy: str) -> dict:
     return found
 
 
-@pytest.mark.parametrize("strategy, collectives", [("ddp", 0), ("fsdp", 1)])
+@pytest.mark.parametrize("strategy, collectives", [("ddp", 0), pytest.param("fsdp", 1, marks=needs_fsdp2)])
 def test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at_most(
     spawn, strategy, collectives
 ):
@@ -172,12 +176,14 @@ def test_the_gradient_norm_is_every_ranks_alike_for_one_all_reduce_at_most(
     assert ranks[0] == ranks[1], "every rank the same norm"
 
 
+@needs_fsdp2
 def test_fsdp_accumulation_skips_the_gradient_reduce_scatter(spawn):
     counts = spawn(collectives_per_micro_batch, world_size=2)[0]
     # One reduce-scatter per FSDP unit, and only when the gradient is synchronised.
     assert counts["sync"] - counts["no_sync"] == counts["units"], counts
 
 
+@needs_fsdp2
 @pytest.mark.parametrize("ckpt_format", ["full", "dcp"])
 def test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last_eval_shard(
     spawn, tmp_path, ckpt_format
@@ -194,6 +200,7 @@ def test_every_fsdp_rank_issues_the_same_collectives_with_an_uneven_last_eval_sh
     assert len({r["sequence"] for r in runs}) == 1
 
 
+@needs_fsdp2
 def test_the_trainer_under_fsdp_reduce_scatters_once_per_optimizer_step_whatever_the_accumulation(
     spawn, tmp_path
 ):

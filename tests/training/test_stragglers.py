@@ -7,7 +7,8 @@ import pytest
 from refddp.training.stragglers import PERSISTENT
 from tests.observability_tasks import fit_with_a_slow_rank
 
-DELAY_S = 0.02  # per forward or backward: ~20x this tiny model's own compute per step
+DELAY_S = 0.05  # per forward or backward: ~50x this tiny model's own compute per step, and
+# more than a loaded machine's noise in a rank's mean step (0.02 read 0.10 once under -n 2)
 
 
 # Slow in the backward too, where the backward only accumulates (grad_accum 2: the first of

@@ -7,6 +7,7 @@ numbers of targets, so normalising per micro-batch or per rank changes the weigh
 normalisation gives the same weights at any world size and accumulation split.
 """
 
+import importlib.util
 import json
 import math
 
@@ -18,6 +19,9 @@ from refddp.workload.data import build_datasets
 from refddp.workload.models import build_model
 from tests.rank_tasks import fit, tiny_config
 from tests.sequence_code import GLOBAL_BATCH, GPT2_RUN, TOKEN_RUN
+
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="the examples extra (transformers) is not installed")
 
 TOKENS, GPT2 = TOKEN_RUN, GPT2_RUN
 
@@ -85,6 +89,7 @@ def test_one_step_follows_the_gradient_of_the_mean_over_every_target_of_the_glob
     assert_close_weights(result["weights"], expected, rtol=1e-12, atol=1e-14)
 
 
+@needs_transformers
 def test_a_hugging_face_gpt2_computing_its_own_loss_gives_the_same_weights_at_any_split(
     spawn, tmp_path
 ):
@@ -100,6 +105,7 @@ def test_a_hugging_face_gpt2_computing_its_own_loss_gives_the_same_weights_at_an
         assert_close_weights(result["weights"], reference, rtol=2e-5, atol=2e-6)
 
 
+@needs_transformers
 def test_a_model_that_cannot_be_normalised_exactly_gets_micro_batch_means_and_says_so(spawn, tmp_path):
     from tests.rank_tasks import describe_objective
 

@@ -16,16 +16,20 @@ fan-out on every rank; on the others it holds no tracker). What a tracker receiv
 - ``flush()`` before every checkpoint is written: what a killed run logged up to its last
   checkpoint is on disk, and its resume (``Run.start_step``) continues from there. A tracker
   hides what a killed invocation logged after that checkpoint (TensorBoard: ``purge_step``).
+- ``close()`` when the invocation ends, ``close_failed()`` when it fails (a stop for a
+  non-finite step, a rank's error): W&B marks that run failed (exit code 1).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from refddp.config.schema import ConfigError
 from refddp.training import trackers
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Run:
@@ -66,6 +70,11 @@ class Tracker:
 
     def close(self) -> None:
         """The run is over (or this invocation stops): flush and let go."""
+
+    def close_failed(self) -> None:
+        """The run failed (the trainer is raising): flush and let go, marking the run failed
+        where the tracker can. By default, as ``close``."""
+        self.close()
 
 
 def missing_extra(tracker: str, extra: str) -> ConfigError:
@@ -169,3 +178,14 @@ class Trackers:
         for tracker in opened:
             tracker.close()
         self._raise_failure()
+
+    def close_failed(self) -> None:
+        """The run failed on this rank (the trainer is raising): every tracker closes, marking
+        the run failed where it can. A tracker's own error is logged, not raised: the run's
+        failure is the one to report."""
+        opened, self.opened, self.logs_steps = self.opened, [], False
+        for tracker in opened:
+            try:
+                tracker.close_failed()
+            except Exception as exc:
+                log.warning("log_to: %s did not close after the failure: %s", tracker.name, exc)

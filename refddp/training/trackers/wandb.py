@@ -60,6 +60,10 @@ class WandB(Tracker):
     def close(self) -> None:
         self.wandb_run.finish()
 
+    def close_failed(self) -> None:
+        # (without it, wandb's exit handler, which refddp's end runs, would finish it as done)
+        self.wandb_run.finish(exit_code=1)
+
 
 def _wandb() -> Any:
     try:
