@@ -6,7 +6,9 @@ Issue 47 asked whether a refddp rank runs a thread the plain loop does not (a wa
 watch on the parent, a tracker's writer) that takes CPU from the training thread when the
 ranks fill every core. It samples each thread's user + system time at ``--after`` seconds and
 again ``--window`` seconds later and prints its share of one core, with OMP_NUM_THREADS=1 as
-benchmarks/trainer_overhead.py runs every runner. Threads at 0.0% are left out unless --all.
+benchmarks/trainer_overhead.py runs every runner; a thread or process that started within the
+window counts from 0 and is marked "(new)". Threads at 0.0% are left out unless --all. It
+prints when the command has ended (its output is discarded).
 """
 
 from __future__ import annotations
@@ -68,15 +70,16 @@ def main() -> None:
         before = thread_times(proc.pid)
         time.sleep(args.window)
         after = thread_times(proc.pid)
-        if proc.poll() is not None:
+        if proc.poll() is not None or not after:
             raise SystemExit(f"the command ended before the window did (exit {proc.returncode})")
     finally:
         proc.wait()
     for key in sorted(after):
-        if key in before:
-            share = (after[key][2] - before[key][2]) / args.window
-            if share > 0 or args.all:
-                print(f"{key[0]:>7} {key[1]:>7} {after[key][1]:<16} {share:6.1%}  {after[key][0][:70]}")
+        command_line, name, seconds = after[key]
+        share = (seconds - before[key][2] if key in before else seconds) / args.window
+        if share > 0 or args.all:
+            new = "" if key in before else " (new)"
+            print(f"{key[0]:>7} {key[1]:>7} {name:<16} {share:6.1%}{new}  {command_line[:70]}")
 
 
 if __name__ == "__main__":

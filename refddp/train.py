@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -184,7 +183,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     ``given``: the fields this rank's own command gave (plain torchrun: each rank resolves its
     config); None when every rank got the same config from refddp's launcher.
     """
-    from refddp.training.evaluation import run_eval, run_predict
+    from refddp.training.evaluation import finite_validation, run_eval, run_predict
     from refddp.training.step_agreement import NonFiniteStep
     from refddp.training.trainer import Trainer
 
@@ -212,7 +211,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                 )
                 if result["skipped_steps"]:
                     summary += f", {result['skipped_steps']} step(s) skipped as non-finite"
-                if not result["stopped"] and not _finite_validation(result["metrics"]):
+                if not result["stopped"] and not finite_validation(result["metrics"]):
                     # The same metrics on every rank (agreed by the evaluation): all fail alike.
                     unusable = (f"step {result['step']}: the final evaluation is non-finite "
                                 f"({_validation_summary(result['metrics'])})")  # fmt: skip
@@ -283,12 +282,6 @@ def _validation_summary(metrics: dict) -> str:
     found = {k: v for k, v in metrics.items() if k.startswith("val_") and isinstance(v, float)}
     found = found or {"val_loss": float("nan")}
     return ", ".join(f"{k} {v:.4f}" for k, v in found.items())
-
-
-def _finite_validation(metrics: dict) -> bool:
-    """Whether every validation metric a record holds is finite."""
-    return all(math.isfinite(v) for k, v in metrics.items()
-               if k.startswith("val_") and isinstance(v, float))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -413,3 +413,18 @@ def fit_from_seeded_host_rngs(out: str, signalled_after: int = 0, **overrides) -
     if signalled_after:
         return fit_signalled_after_step(out, signalled_after, 1, **overrides)
     return fit_full_weights(out, **overrides)
+
+
+def parallel_refusal(**overrides) -> str:
+    """The one-line error building this rank's parallel raises for ``overrides`` ("": none).
+    Run under the harness no rank is ended by another's failure, so each rank's answer shows."""
+    from refddp.config.schema import ConfigError
+    from refddp.training.parallel import build_parallel
+    from refddp.workload.models import build_model
+
+    c = tiny_config("unused", **overrides)
+    try:
+        build_parallel(build_model(c), c, init_distributed("cpu"))
+    except ConfigError as exc:
+        return str(exc)
+    return ""

@@ -9,6 +9,7 @@ same number of forwards, the ones past their shard's end counting nothing.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -35,6 +36,13 @@ def autocast(c: TrainConfig, device: torch.device) -> Any:
     if c.amp == "off":
         return nullcontext()
     return torch.autocast(device.type, dtype=torch.float16 if c.amp == "fp16" else torch.bfloat16)
+
+
+def finite_validation(metrics: dict[str, Any]) -> bool:
+    """Whether every validation metric a record holds is finite: a run whose final evaluation
+    is not has failed (it exits 1, and its trackers close as failed)."""
+    return all(math.isfinite(v) for k, v in metrics.items()
+               if k.startswith("val_") and isinstance(v, float))  # fmt: skip
 
 
 def agreed_objective(c: TrainConfig, model: nn.Module, dataset: Any, ctx: DistContext) -> Objective:

@@ -28,7 +28,7 @@ from refddp.config.validation import list_items, per_rank_batch_size
 from refddp.launch.dist import DistContext, rank0_then_meet
 from refddp.launch.stop_signals import StopRequest
 from refddp.training import run_setup, steps, trackers
-from refddp.training.evaluation import agreed_objective, autocast, evaluate
+from refddp.training.evaluation import agreed_objective, autocast, evaluate, finite_validation
 from refddp.training.metrics import describe_record, model_flops_utilisation, peak_memory_mb
 from refddp.training.parallel import build_parallel, sync_buffers
 from refddp.training.profiler import StepProfiler
@@ -375,7 +375,11 @@ class Trainer:
             profiler.finish()  # a run that stopped inside the window
         if not stopping:
             steps.end_if_nothing_trained(self)
-        rank0_then_meet(self.trackers.close)
+        # A final evaluation that is not finite fails the run (refddp/train.py exits 1).
+        if not stopping and not finite_validation(pos.metrics):
+            rank0_then_meet(self.trackers.close_failed)
+        else:
+            rank0_then_meet(self.trackers.close)
         if stopping:
             why = signal.Signals(self.stopped_by).name if self.stopped_by else "stop_after reached"
             log.info("stopped at step %d (%s); checkpoint saved, rerun to resume", pos.step, why)

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.cli_runs import error_lines, run, train_command
+from tests.torch_features import needs_fsdp2
 
 
 def test_a_sigkilled_rank_is_named_and_no_empty_stack_file_is_reported(run_cli, tiny):
@@ -144,7 +145,7 @@ def test_a_run_that_finishes_training_exits_0(run_cli, tiny, nproc, restart):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc/self/task")
 @pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"),
-                                             pytest.param(2, "fsdp", marks=pytest.mark.slow)])
+                                             pytest.param(2, "fsdp", marks=[pytest.mark.slow, needs_fsdp2])])
 def test_no_gloo_thread_outlives_the_process_group_after_a_run(run_cli, tiny, nproc, strategy,
                                                                tmp_path):
     """The root of the exit abort: after teardown, no gloo thread may be left running into

@@ -75,6 +75,8 @@ TENSORBOARD, T_TRACKERS = "refddp/training/trackers/tensorboard.py", "tests/trai
 STRAGGLERS, T_STRAGGLERS = "refddp/training/stragglers.py", "tests/training/test_stragglers.py"
 PROFILER, T_PROFILER = "refddp/training/profiler.py", "tests/training/test_profiler.py"
 T_TRACKER_UNITS = "tests/training/test_watching_a_run.py"
+T_FAILED_RUN = ("tests/training/test_trackers.py::test_a_failed_run_closes_its_trackers_with_every_point"
+                "_and_w_and_b_marks_it_failed")
 SCHEDULE, T_SCHEDULE = "refddp/training/schedule.py", "tests/training/test_schedule.py"
 BATCHES = "refddp/workload/objectives/batches.py"
 IMAGE_FOLDER = "refddp/workload/image_folder.py"
@@ -2181,18 +2183,45 @@ MUTANTS = (
         (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
     ),
     Mutant(
-        "failed-run-trackers-left-open", "a failed run's trackers close, marked failed",
-        "refddp/training/trainer.py",
+        "failed-run-trackers-left-open", "a failed run's trackers close, marked failed", TRAINER,
         "                self.trackers.close_failed()  # what was logged stays; W&B marks the run "
         "failed\n",
         "                self.trackers.flush()\n",
-        (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
+        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
     ),
     Mutant(
         "failed-wandb-run-finished-as-done", "a failed run's trackers close, marked failed",
         "refddp/training/trackers/wandb.py",
         "        self.wandb_run.finish(exit_code=1)\n", "        self.wandb_run.finish()\n",
-        (f"{T_SKIPPED_STEPS}::test_a_run_that_skips_every_step_ends_at_the_consecutive_limit_in_one_line_exit_1",),
+        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
+    ),
+    Mutant(
+        "failed-tracker-left-holding-its-points", "a failed run's trackers close, marked failed",
+        "refddp/training/trackers/base.py",
+        "        where the tracker can. By default, as ``close``.\"\"\"\n        self.close()\n",
+        "        where the tracker can. By default, as ``close``.\"\"\"\n",
+        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
+    ),
+    Mutant(
+        "nonfinite-final-evaluation-closed-as-done", "a failed run's trackers close, marked failed",
+        TRAINER, "        if not stopping and not finite_validation(pos.metrics):\n",
+        "        if False:\n", (f"{T_FAILED_RUN}[final-evaluation]",), needs="wandb",
+    ),
+    Mutant(
+        "tracker-failing-at-the-end-leaves-the-rest-open",
+        "a failed run's trackers close, marked failed", "refddp/training/trackers/base.py",
+        "                tracker.close()\n            except BaseException:\n                "
+        "self.close_failed()\n",
+        "                tracker.close()\n            except BaseException:\n                "
+        "self.opened = []\n",
+        (f"{T_TRACKER_UNITS}::test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed",),
+    ),
+    Mutant(
+        "tracker-error-raised-over-the-runs", "a failed run's trackers close, marked failed",
+        "refddp/training/trackers/base.py",
+        "            except Exception as exc:\n                log.warning(\"log_to: %s did not close",
+        "            except ZeroDivisionError as exc:\n                log.warning(\"log_to: %s did not close",
+        (f"{T_TRACKER_UNITS}::test_a_failed_run_closes_every_tracker_as_failed_and_raises_none_of_theirs",),
     ),
     Mutant(
         "whole-run-skipped-exits-0", "no run that trains nothing exits 0", SKIPPED,
@@ -2220,7 +2249,7 @@ MUTANTS = (
     Mutant(
         "nonfinite-final-evaluation-exits-0", "no run that trains nothing exits 0",
         "refddp/train.py",
-        'if not result["stopped"] and not _finite_validation(result["metrics"]):', "if False:",
+        'if not result["stopped"] and not finite_validation(result["metrics"]):', "if False:",
         (f"{T_SKIPPED_STEPS}::test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1",),
     ),
     Mutant(
@@ -2232,6 +2261,11 @@ MUTANTS = (
     Mutant(
         "fp16-with-ignored-parameters-allowed", "no rank can branch alone", PARALLEL,
         'if self.unreduced and c.amp == "fp16":', "if False:",
+        (f"{T_SKIPPED_STEPS}::test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line",),
+    ),
+    Mutant(
+        "fp16-with-ignored-parameters-refused-on-rank-0-only", "no rank can branch alone", PARALLEL,
+        'if self.unreduced and c.amp == "fp16":', 'if self.unreduced and c.amp == "fp16" and ctx.rank == 0:',
         (f"{T_SKIPPED_STEPS}::test_fp16_with_a_parameter_ddp_ignores_is_refused_in_one_line",),
     ),
     Mutant(

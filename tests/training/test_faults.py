@@ -203,7 +203,7 @@ def test_hung_data_loader_writes_every_rank_stack_and_fails(tmp_path, spawn, no_
             "--nproc",
             2,
             "--timeout",
-            4,
+            10,  # (4 s fired on torch 2.5 under load while DDP's construction imported dynamo)
             "--data",
             "tests.user_code:stuck_datasets",
         )

@@ -55,13 +55,13 @@ PRECISIONS = {
     "bf16": {"dtype": "float32", "amp": "bf16"},
     "fp16": {"dtype": "float32", "amp": "fp16"},
 }
+STRATEGIES = ["ddp"] if fsdp2_refused() else ["ddp", "fsdp"]  # (FSDP2 needs torch 2.6+)
 
 
 @st.composite
 def scenarios(draw) -> dict:
     world = draw(st.integers(1, 4))
-    strategies = ["ddp"] if fsdp2_refused() else ["ddp", "fsdp"]  # (FSDP2: torch 2.6+)
-    strategy = draw(st.sampled_from(strategies)) if world > 1 else "ddp"
+    strategy = draw(st.sampled_from(STRATEGIES)) if world > 1 else "ddp"
     precision = draw(st.sampled_from(["float64", "bf16"] if strategy == "fsdp" else
                                      sorted(PRECISIONS)))  # fmt: skip
     model = draw(st.sampled_from(sorted(MODELS)))

@@ -122,3 +122,32 @@ def test_the_training_loss_reaches_the_trackers_with_the_next_steps_agreement(
     for step, _ in rank0["points"]:
         checkpoint = (step + 5) // 6 - 1  # the first at or after the step
         assert events.index(f"log {step}") < flushes[checkpoint], (step, events)
+
+
+@pytest.mark.parametrize(
+    ("flags", "steps_logged"),
+    [
+        # 5 steps in a row skipped as non-finite: the run stops at step 5 (exit 1)
+        (["--loss", "tests.user_code:nan_gradient_every_step_loss", "--max-consecutive-skips", 5],
+         list(range(1, 6))),
+        # every step trains; the final evaluation is non-finite (exit 1 after the done: line)
+        (["--data", "tests.user_code:nonfinite_val_datasets"], STEPS),
+    ],
+    ids=["skips", "final-evaluation"],
+)
+def test_a_failed_run_closes_its_trackers_with_every_point_and_w_and_b_marks_it_failed(
+    tmp_path, flags, steps_logged
+):
+    done = run(train_command(tmp_path, *JOB, *flags), env={"WANDB_MODE": "offline"})
+    assert done.returncode == 1, done.stderr
+    # TensorBoard held the last steps (10 at a time): closing hands them to its file.
+    assert logged_steps(tensorboard_scalars(tmp_path)) == steps_logged
+    [segment] = wandb_segments(tmp_path)
+    assert segment["exit_code"] == 1, "left open, wandb's exit handler finished the run with 0"
+    assert logged_steps(wandb_curves([segment])) == steps_logged
+
+
+def logged_steps(curves):
+    """The steps any curve has a point at (a stopped step's loss, agreed a step late, has none:
+    its skip count has)."""
+    return sorted({step for points in curves.values() for step in steps(points)})

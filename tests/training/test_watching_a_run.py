@@ -91,6 +91,51 @@ def test_a_tracker_failing_between_evaluations_fails_at_the_next_record_not_alon
     trackers.record({"step": 5})  # reported once
 
 
+class Closing(Tracker):
+    """Records how it closed in ``closed``; fails there when ``fails`` says so."""
+
+    def __init__(self, name, closed, fails=""):
+        super().__init__(Run("unused", {}, 0, resumed=False))
+        self.name, self.closed, self.fails = name, closed, fails
+
+    def close(self):
+        self.closed.append(f"{self.name} closed")
+        if self.fails == "close":
+            raise OSError(28, "No space left on device")
+
+    def close_failed(self):
+        self.closed.append(f"{self.name} closed as failed")
+        if self.fails == "close_failed":
+            raise OSError(28, "No space left on device")
+
+
+def test_a_failed_run_closes_every_tracker_as_failed_and_raises_none_of_theirs(caplog):
+    closed = []
+    trackers = Trackers([Closing("a", closed, fails="close_failed"), Closing("b", closed)])
+    with caplog.at_level("WARNING", logger="refddp"):
+        trackers.close_failed()  # the trainer then raises the run's own error
+    assert closed == ["a closed as failed", "b closed as failed"]
+    assert "log_to: a did not close after the failure: OSError(28, " in caplog.text
+    trackers.close()  # nothing left open
+    assert len(closed) == 2
+
+
+def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed(caplog):
+    closed = []
+    trackers = Trackers([Closing("a", closed), Closing("b", closed, fails="close"),
+                         Closing("c", closed)])  # fmt: skip
+    with pytest.raises(OSError):
+        trackers.close()
+    assert closed == ["a closed", "b closed", "c closed as failed"]
+    # An error kept from log or flush fails the end too: every tracker closes as failed.
+    closed.clear()
+    kept = Trackers([Failing(Run("unused", {}, 0, resumed=False)), Closing("d", closed)])
+    kept.log(3, {"train/loss": 1.0})
+    with pytest.raises(OSError, match="at step 3"):
+        kept.close()
+    assert closed == ["d closed as failed"]
+
+
 def fields(slowest, lag_share):
     return {"slowest_rank": slowest, "straggler_lag_s": 0.001, "straggler_lag_share": lag_share}
 

@@ -18,6 +18,7 @@ from tests.rank_tasks import (
     tiny_config,
 )
 from tests.sequence_code import GPT2_RUN
+from tests.torch_features import FSDP, needs_fsdp2
 
 pytest.importorskip("transformers")
 
@@ -73,6 +74,7 @@ def fsdp_units(out: str, **overrides) -> list[str]:
     return [type(m).__name__.removeprefix("FSDP") for m in units]  # FSDP2 renames the class
 
 
+@needs_fsdp2
 def test_fsdp_shards_gpt2_by_the_blocks_it_names_and_trains_as_ddp_does(spawn, tmp_path):
     units = spawn(fsdp_units, str(tmp_path / "units"), strategy="fsdp", **GPT2_RUN)[0]
     assert units == ["GPT2LMHeadModel", "GPT2Block", "GPT2Block"]  # the root, its 2 blocks
@@ -82,7 +84,7 @@ def test_fsdp_shards_gpt2_by_the_blocks_it_names_and_trains_as_ddp_does(spawn, t
         torch.testing.assert_close(fsdp["weights"][key], value, rtol=2e-5, atol=2e-6, msg=key)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", FSDP])
 def test_a_gpt2_checkpoint_loads_strictly_into_the_bare_hf_model_and_evaluates_to_its_metric(
     spawn, tmp_path, strategy
 ):
@@ -152,6 +154,7 @@ def fit_compiling_every_block(out: str, **overrides) -> list[int]:
 
 @pytest.mark.slow  # inductor compiles twelve blocks: ~45 s
 @pytest.mark.heavy
+@needs_fsdp2
 def test_compile_under_fsdp_compiles_every_one_of_twelve_blocks(spawn, tmp_path):
     flags = dict(GPT2_RUN, depth=12, strategy="fsdp", compile=True, max_steps=2)
     for graphs in spawn(fit_compiling_every_block, str(tmp_path), timeout=300, **flags):

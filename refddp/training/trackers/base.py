@@ -31,6 +31,7 @@ from refddp.training import trackers
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Run:
     """What a tracker is told when it opens."""
@@ -132,8 +133,7 @@ class Trackers:
             for name in wanted:
                 opened.append(trackers.tracker_class(name)(run))
         except BaseException:
-            for tracker in opened:
-                tracker.close()
+            cls(opened).close_failed()  # the run fails here: those opened close as failed
             raise
         return cls(opened)
 
@@ -173,19 +173,33 @@ class Trackers:
             tracker.record(record)
 
     def close(self) -> None:
-        """The end of this invocation (``rank0_then_meet``): every tracker closes."""
-        opened, self.opened, self.logs_steps = self.opened, [], False
-        for tracker in opened:
-            tracker.close()
-        self._raise_failure()
+        """The end of this invocation (``rank0_then_meet``): every tracker closes. An error kept
+        since the last record, or one a tracker raises as it closes, fails the run: the trackers
+        not closed yet close as failed (``close_failed``), and the error is raised."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            self.close_failed()
+            raise failed
+        while self.opened:
+            tracker = self.opened.pop(0)
+            try:
+                tracker.close()
+            except BaseException:
+                self.close_failed()
+                raise
+        self.logs_steps = False
 
     def close_failed(self) -> None:
-        """The run failed on this rank (the trainer is raising): every tracker closes, marking
-        the run failed where it can. A tracker's own error is logged, not raised: the run's
-        failure is the one to report."""
+        """The run failed (the trainer is raising, or a tracker failed): every tracker still
+        open closes, marking the run failed where it can. A tracker's ``Exception`` here, or
+        one kept from ``log`` or ``flush``, is logged, not raised: the run's own failure is the
+        one to report."""
         opened, self.opened, self.logs_steps = self.opened, [], False
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            log.warning("log_to: a tracker had failed earlier: %r", failed)
         for tracker in opened:
             try:
                 tracker.close_failed()
             except Exception as exc:
-                log.warning("log_to: %s did not close after the failure: %s", tracker.name, exc)
+                log.warning("log_to: %s did not close after the failure: %r", tracker.name, exc)

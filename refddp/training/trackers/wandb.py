@@ -61,7 +61,8 @@ class WandB(Tracker):
         self.wandb_run.finish()
 
     def close_failed(self) -> None:
-        # (without it, wandb's exit handler, which refddp's end runs, would finish it as done)
+        """Finish the W&B run as failed. Left open, wandb's exit handler (which refddp's end of
+        a process runs) would finish it with exit code 0, as a run that succeeded."""
         self.wandb_run.finish(exit_code=1)
 
 
