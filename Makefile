@@ -67,7 +67,7 @@ bench: $(VENV)/.installed-test
 # slow tests), and TORCH=2.14.1 TORCHVISION=0.29.1 (the compatibility subset).
 SUITE ?= subset
 compat:
-	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=X.Y.Z [TORCHVISION=A.B.C]" >&2; exit 2; }
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=X.Y.Z [TORCHVISION=A.B.C] [SUITE=all]" >&2; exit 2; }
 	COMPAT_SUITE=$(SUITE) bash .ci/compat $(TORCH) $(TORCHVISION)
 
 clean:

@@ -2187,25 +2187,25 @@ MUTANTS = (
         "                self.trackers.close_failed()  # what was logged stays; W&B marks the run "
         "failed\n",
         "                self.trackers.flush()\n",
-        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
+        (f"{T_FAILED_RUN}[skips]",), needs="tensorboard, wandb",
     ),
     Mutant(
         "failed-wandb-run-finished-as-done", "a failed run's trackers close, marked failed",
         "refddp/training/trackers/wandb.py",
         "        self.wandb_run.finish(exit_code=1)\n", "        self.wandb_run.finish()\n",
-        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
+        (f"{T_FAILED_RUN}[skips]",), needs="tensorboard, wandb",
     ),
     Mutant(
         "failed-tracker-left-holding-its-points", "a failed run's trackers close, marked failed",
         "refddp/training/trackers/base.py",
-        "        where the tracker can. By default, as ``close``.\"\"\"\n        self.close()\n",
-        "        where the tracker can. By default, as ``close``.\"\"\"\n",
-        (f"{T_FAILED_RUN}[skips]",), needs="wandb",
+        "        default, as ``close``.\"\"\"\n        self.close()\n",
+        "        default, as ``close``.\"\"\"\n",
+        (f"{T_FAILED_RUN}[skips]",), needs="tensorboard, wandb",
     ),
     Mutant(
         "nonfinite-final-evaluation-closed-as-done", "a failed run's trackers close, marked failed",
         TRAINER, "        if not stopping and not finite_validation(pos.metrics):\n",
-        "        if False:\n", (f"{T_FAILED_RUN}[final-evaluation]",), needs="wandb",
+        "        if False:\n", (f"{T_FAILED_RUN}[final-evaluation]",), needs="tensorboard, wandb",
     ),
     Mutant(
         "tracker-failing-at-the-end-leaves-the-rest-open",
@@ -2214,6 +2214,20 @@ MUTANTS = (
         "self.close_failed()\n",
         "                tracker.close()\n            except BaseException:\n                "
         "self.opened = []\n",
+        (f"{T_TRACKER_UNITS}::test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed",),
+    ),
+    Mutant(
+        "tracker-failing-to-open-leaves-the-others-open",
+        "a failed run's trackers close, marked failed", "refddp/training/trackers/base.py",
+        "            cls(opened).close_failed()  # the run fails here: those opened close as failed\n",
+        "            pass\n",
+        (f"{T_TRACKER_UNITS}::test_a_tracker_failing_to_open_closes_those_opened_as_failed",),
+    ),
+    Mutant(
+        "trackers-closed-before-every-flush", "a failed run's trackers close, marked failed",
+        "refddp/training/trackers/base.py",
+        "            for tracker in self.opened:\n                self._keeping_failure(tracker.flush)\n",
+        "            pass\n",
         (f"{T_TRACKER_UNITS}::test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed",),
     ),
     Mutant(

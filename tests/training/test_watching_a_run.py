@@ -7,6 +7,7 @@ import yaml
 from refddp.config.command_line import load_yaml, merge, parse_cli
 from refddp.config.schema import ConfigError, TrainConfig
 from refddp.config.validation import list_items
+from refddp.training import trackers as trackers_module
 from refddp.training.stragglers import (
     LAG_SHARE,
     PERSISTENT,
@@ -92,11 +93,15 @@ def test_a_tracker_failing_between_evaluations_fails_at_the_next_record_not_alon
 
 
 class Closing(Tracker):
-    """Records how it closed in ``closed``; fails there when ``fails`` says so."""
+    """Records how it closed in ``closed``; fails to flush or close when ``fails`` says so."""
 
     def __init__(self, name, closed, fails=""):
         super().__init__(Run("unused", {}, 0, resumed=False))
         self.name, self.closed, self.fails = name, closed, fails
+
+    def flush(self):
+        if self.fails == "flush":
+            raise OSError(28, "No space left on device")
 
     def close(self):
         self.closed.append(f"{self.name} closed")
@@ -127,6 +132,12 @@ def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_fail
     with pytest.raises(OSError):
         trackers.close()
     assert closed == ["a closed", "b closed", "c closed as failed"]
+    # Every tracker flushes before any closes: a full disk shows there, and none closes as done.
+    closed.clear()
+    trackers = Trackers([Closing("a", closed), Closing("b", closed, fails="flush")])
+    with pytest.raises(OSError):
+        trackers.close()
+    assert closed == ["a closed as failed", "b closed as failed"]
     # An error kept from log or flush fails the end too: every tracker closes as failed.
     closed.clear()
     kept = Trackers([Failing(Run("unused", {}, 0, resumed=False)), Closing("d", closed)])
@@ -134,6 +145,22 @@ def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_fail
     with pytest.raises(OSError, match="at step 3"):
         kept.close()
     assert closed == ["d closed as failed"]
+
+
+def test_a_tracker_failing_to_open_closes_those_opened_as_failed(monkeypatch):
+    closed = []
+
+    def tracker_class(name):
+        if name == "broken":
+            def broken(run):
+                raise OSError(13, "Permission denied")
+            return broken
+        return lambda run: Closing(name, closed)
+
+    monkeypatch.setattr(trackers_module, "tracker_class", tracker_class)
+    with pytest.raises(OSError, match="Permission denied"):
+        Trackers.open(["first", "broken", "never"], Run("unused", {}, 0, resumed=False))
+    assert closed == ["jsonl closed as failed", "first closed as failed"]
 
 
 def fields(slowest, lag_share):

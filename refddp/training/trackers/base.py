@@ -16,8 +16,9 @@ fan-out on every rank; on the others it holds no tracker). What a tracker receiv
 - ``flush()`` before every checkpoint is written: what a killed run logged up to its last
   checkpoint is on disk, and its resume (``Run.start_step``) continues from there. A tracker
   hides what a killed invocation logged after that checkpoint (TensorBoard: ``purge_step``).
-- ``close()`` when the invocation ends, ``close_failed()`` when it fails (a stop for a
-  non-finite step, a rank's error): W&B marks that run failed (exit code 1).
+- ``close()`` when the invocation ends, ``close_failed()`` when it fails instead (a stop for
+  non-finite steps, a non-finite final evaluation, an error on a rank, a tracker that failed
+  to open, flush or close): W&B marks that run failed (exit code 1).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ class Tracker:
         """The run is over (or this invocation stops): flush and let go."""
 
     def close_failed(self) -> None:
-        """The run failed (the trainer is raising): flush and let go, marking the run failed
-        where the tracker can. By default, as ``close``."""
+        """The run failed: flush and let go, marking the run failed where the tracker can. By
+        default, as ``close``."""
         self.close()
 
 
@@ -173,9 +174,14 @@ class Trackers:
             tracker.record(record)
 
     def close(self) -> None:
-        """The end of this invocation (``rank0_then_meet``): every tracker closes. An error kept
-        since the last record, or one a tracker raises as it closes, fails the run: the trackers
-        not closed yet close as failed (``close_failed``), and the error is raised."""
+        """The end of this invocation (``rank0_then_meet``): every tracker flushes, then closes.
+        An error kept since the last record, or one a tracker raises as it flushes or closes,
+        fails the run: the trackers not closed yet close as failed (``close_failed``), and the
+        error is raised. Flushing them all first puts a likely failure (a full disk) before
+        any tracker has closed as done."""
+        if self._failed is None:
+            for tracker in self.opened:
+                self._keeping_failure(tracker.flush)
         if self._failed is not None:
             failed, self._failed = self._failed, None
             self.close_failed()
@@ -193,13 +199,18 @@ class Trackers:
         """The run failed (the trainer is raising, or a tracker failed): every tracker still
         open closes, marking the run failed where it can. A tracker's ``Exception`` here, or
         one kept from ``log`` or ``flush``, is logged, not raised: the run's own failure is the
-        one to report."""
+        one to report. Any other (a second Ctrl-C) is raised once every tracker has closed."""
         opened, self.opened, self.logs_steps = self.opened, [], False
         if self._failed is not None:
             failed, self._failed = self._failed, None
             log.warning("log_to: a tracker had failed earlier: %r", failed)
+        interrupted: BaseException | None = None
         for tracker in opened:
             try:
                 tracker.close_failed()
             except Exception as exc:
                 log.warning("log_to: %s did not close after the failure: %r", tracker.name, exc)
+            except BaseException as exc:  # (a second Ctrl-C, say): the others close first
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
