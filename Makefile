@@ -64,7 +64,8 @@ bench: $(VENV)/.installed-test
 
 # Another torch: the compatibility subset in .venv-torch-$(TORCH) (docs/torch-versions.md).
 # CI runs the declared range's floor and top: TORCH=2.5.0 SUITE=all (the whole suite but its
-# slow tests), and TORCH=2.14.1 TORCHVISION=0.29.1 (the compatibility subset).
+# slow and heavy tests, then the subset's slow ones), and TORCH=2.14.1 TORCHVISION=0.29.1 (the
+# compatibility subset).
 SUITE ?= subset
 compat:
 	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=X.Y.Z [TORCHVISION=A.B.C] [SUITE=all]" >&2; exit 2; }
