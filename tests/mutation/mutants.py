@@ -2226,8 +2226,8 @@ MUTANTS = (
     Mutant(
         "trackers-closed-before-every-flush", "a failed run's trackers close, marked failed",
         "refddp/training/trackers/base.py",
-        "            for tracker in self.opened:\n                self._keeping_failure(tracker.flush)\n",
-        "            pass\n",
+        "        self.flush()\n        if self._failed is not None:\n",
+        "        if self._failed is not None:\n",
         (f"{T_TRACKER_UNITS}::test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed",),
     ),
     Mutant(

@@ -76,14 +76,16 @@ def test_a_records_numbers_reach_the_trackers_under_grouped_tags():
     }  # fmt: skip
 
 
+UNUSED_RUN = Run("unused", {}, 0, resumed=False)  # what a tracker is told where it reads nothing
+
+
 class Failing(Tracker):
     def log(self, step, scalars):
         raise OSError(28, f"No space left on device at step {step}")
 
 
 def test_a_tracker_failing_between_evaluations_fails_at_the_next_record_not_alone():
-    run_info = Run("unused", {}, 0, resumed=False)
-    trackers = Trackers([Failing(run_info)])
+    trackers = Trackers([Failing(UNUSED_RUN)])
     trackers.log(3, {"train/loss": 1.0})  # rank 0 alone: must not raise here
     trackers.log(4, {"train/loss": 1.0})
     trackers.flush()
@@ -96,22 +98,23 @@ class Closing(Tracker):
     """Records how it closed in ``closed``; fails to flush or close when ``fails`` says so."""
 
     def __init__(self, name, closed, fails=""):
-        super().__init__(Run("unused", {}, 0, resumed=False))
+        super().__init__(UNUSED_RUN)
         self.name, self.closed, self.fails = name, closed, fails
 
-    def flush(self):
-        if self.fails == "flush":
+    def _full_disk_at(self, call):
+        if self.fails == call:
             raise OSError(28, "No space left on device")
+
+    def flush(self):
+        self._full_disk_at("flush")
 
     def close(self):
         self.closed.append(f"{self.name} closed")
-        if self.fails == "close":
-            raise OSError(28, "No space left on device")
+        self._full_disk_at("close")
 
     def close_failed(self):
         self.closed.append(f"{self.name} closed as failed")
-        if self.fails == "close_failed":
-            raise OSError(28, "No space left on device")
+        self._full_disk_at("close_failed")
 
 
 def test_a_failed_run_closes_every_tracker_as_failed_and_raises_none_of_theirs(caplog):
@@ -125,7 +128,7 @@ def test_a_failed_run_closes_every_tracker_as_failed_and_raises_none_of_theirs(c
     assert len(closed) == 2
 
 
-def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed(caplog):
+def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_failed():
     closed = []
     trackers = Trackers([Closing("a", closed), Closing("b", closed, fails="close"),
                          Closing("c", closed)])  # fmt: skip
@@ -140,7 +143,7 @@ def test_a_tracker_failing_as_the_run_ends_fails_it_and_the_others_close_as_fail
     assert closed == ["a closed as failed", "b closed as failed"]
     # An error kept from log or flush fails the end too: every tracker closes as failed.
     closed.clear()
-    kept = Trackers([Failing(Run("unused", {}, 0, resumed=False)), Closing("d", closed)])
+    kept = Trackers([Failing(UNUSED_RUN), Closing("d", closed)])
     kept.log(3, {"train/loss": 1.0})
     with pytest.raises(OSError, match="at step 3"):
         kept.close()
@@ -159,7 +162,7 @@ def test_a_tracker_failing_to_open_closes_those_opened_as_failed(monkeypatch):
 
     monkeypatch.setattr(trackers_module, "tracker_class", tracker_class)
     with pytest.raises(OSError, match="Permission denied"):
-        Trackers.open(["first", "broken", "never"], Run("unused", {}, 0, resumed=False))
+        Trackers.open(["first", "broken", "never"], UNUSED_RUN)
     assert closed == ["jsonl closed as failed", "first closed as failed"]
 
 

@@ -179,9 +179,7 @@ class Trackers:
         fails the run: the trackers not closed yet close as failed (``close_failed``), and the
         error is raised. Flushing them all first puts a likely failure (a full disk) before
         any tracker has closed as done."""
-        if self._failed is None:
-            for tracker in self.opened:
-                self._keeping_failure(tracker.flush)
+        self.flush()
         if self._failed is not None:
             failed, self._failed = self._failed, None
             self.close_failed()
