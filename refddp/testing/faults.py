@@ -82,7 +82,10 @@ def hang(rank: int, at: int | str) -> Fault:
 
 
 def exit(rank: int, at: int | str, code: int = 1) -> Fault:  # noqa: A001 - the public name
-    """End ``rank``'s process there with exit code ``code``."""
+    """End ``rank``'s process there with exit code ``code`` (0-255: what a process can exit
+    with; a larger one would be reported as another, ``code % 256``)."""
+    if not (isinstance(code, numbers.Integral) and not isinstance(code, bool) and 0 <= code <= 255):
+        raise ValueError(f"faults.exit: code must be an int from 0 to 255, not {code!r}")
     return _fault("exit", rank, at, int(code))
 
 

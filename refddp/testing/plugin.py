@@ -179,10 +179,31 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # At setup, not collection: the one test errors and the module's other tests still run.
+    if isinstance(item, pytest.Function):
+        ignored = _ignored_world_size_mark(item)
+        if ignored is not None:
+            pytest.fail(f"{item.nodeid}: {ignored}", pytrace=False)
     if isinstance(item, pytest.Function) and _is_rank_side(item):
         problem = _unsupported_rank_fixture(item)
         if problem is not None:
             pytest.fail(f"{item.nodeid}: {problem}", pytrace=False)
+
+
+def _ignored_world_size_mark(item: pytest.Function) -> str | None:
+    """A ``world_size`` mark that would be ignored, in one line, or None: the sizes are read
+    from the function's, class's or module's mark when the tests are generated, before the
+    marks of a ``pytest.param`` exist, and only the closest mark counts."""
+    in_params = [m for m in getattr(getattr(item, "callspec", None), "marks", ())
+                 if m.name == "world_size"]  # fmt: skip
+    if in_params:
+        return ("a world_size mark inside pytest.param is not applied; put "
+                "@pytest.mark.world_size(...) on the function, class or module")  # fmt: skip
+    on_function = [m for m in getattr(item.function, "pytestmark", ()) if m.name == "world_size"]
+    if len(on_function) > 1:
+        sizes = ", ".join(str(n) for m in on_function for n in m.args)
+        return (f"{len(on_function)} world_size marks on one test, of which only one is "
+                f"applied; give every size in one: @pytest.mark.world_size({sizes})")  # fmt: skip
+    return None
 
 
 def _unsupported_rank_fixture(item: pytest.Function) -> str | None:

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -297,6 +298,46 @@ def test_unsound_pool_is_recycled_after_a_task(spawn):
     spawn(destroy_group)
     after = {pid for _, _, pid in spawn(whoami)}
     assert before.isdisjoint(after), "a pool whose group was destroyed must be replaced"
+
+
+class DriverInterrupted(Exception):
+    """What a driver-side deadline raises (pytest-timeout's failure, a notebook's timer)."""
+
+
+def rank_1_late_then_barrier(late_s, value):
+    if dist.get_rank() == 1:
+        time.sleep(late_s)
+    dist.barrier()
+    return value
+
+
+@pytest.mark.parametrize("interruption", [DriverInterrupted, KeyboardInterrupt])
+def test_a_task_interrupted_in_the_driver_stops_its_pool_not_the_next_task(
+    spawn, capfd, interruption
+):
+    # Interrupted while the ranks still run the task, a warm pool kept running it, and the
+    # next task on it got this one's results (issue found from a user's project).
+    def interrupt(signum, frame):
+        raise interruption("the driver's own deadline")
+
+    spawn(whoami)  # the pool warm: the interruption comes while the ranks run the task
+    previous = signal.signal(signal.SIGUSR2, interrupt)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2))
+    timer.start()
+    try:
+        with pytest.raises(interruption):
+            spawn(rank_1_late_then_barrier, 6.0, "old", timeout=GENEROUS_DEADLINE)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, previous)
+    stderr = capfd.readouterr().err
+    assert spawn(rank_1_late_then_barrier, 0.0, "new") == ["new", "new"]
+    if interruption is DriverInterrupted:  # every rank's stack, which the deadline's report lacks
+        assert "interrupted (DriverInterrupted: the driver's own deadline)" in stderr
+        assert "rank 1 was still running" in stderr and "in rank_1_late_then_barrier" in stderr
+        assert "#1 barrier()" in stderr  # rank 0, waiting for rank 1
+    else:  # Ctrl-C: out at once
+        assert "interrupted" not in stderr
 
 
 def test_lambdas_closures_and_nested_functions_run_on_the_ranks(spawn):

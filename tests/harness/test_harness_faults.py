@@ -131,6 +131,10 @@ def test_bad_faults_are_one_line_errors():
     for seconds in (float("nan"), float("inf"), -1, 1e12, "1", True):  # (sleep fails in the rank)
         with pytest.raises(ValueError, match=r"^faults.delay: seconds must be a number >= 0, at"):
             faults.delay(0, 1, seconds)
+    for code in (256, 300, -1, True, 1.0):  # (300 would exit as 44)
+        with pytest.raises(ValueError, match=r"^faults.exit: code must be an int from 0 to 255"):
+            faults.exit(0, 1, code)
+    assert faults.exit(0, 1, 255).value == 255
     assert faults.delay(1, 2, 0).value == 0.0
     assert faults.delay(1, 2, np.float32(0.5)).value == 0.5  # (numpy's numbers are numbers)
 
@@ -156,6 +160,19 @@ def test_the_rank_that_failed_first_is_named_and_the_ranks_waiting_on_it_listed(
     # The two victims say the same thing: one line names both.
     assert lines[1].startswith(f"    ranks [0, 1] (2): waiting on rank 2 in #2 {SIGNATURE} at ")
     assert "in raises_after_one_all_reduce" in lines[1]
+
+
+def test_several_faults_that_fire_are_each_named_with_the_rank_they_ended(spawn, tmp_path):
+    # Whichever is found first, the other rank's end is its own fault, not a wait on it.
+    planted = [faults.error(0, 2, "rank 0's fault"), faults.kill(1, 2)]
+    with pytest.raises(RankFailure) as info:
+        spawn(five_all_reduces, str(tmp_path), faults=planted, world_size=3, timeout=60)
+    report = str(info.value)
+    for fault in planted:
+        assert f"injected: {fault.describe()}" in report, report
+    other = 1 - info.value.cause
+    line = next(ln for ln in report.splitlines() if ln.startswith(f"    rank {other}: "))
+    assert "also failed" in line and "waiting on" not in line, line
 
 
 def sigkill_rank_1_after_one_all_reduce():

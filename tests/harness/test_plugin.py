@@ -110,6 +110,51 @@ def test_outcomes_by_rank_under_each_import_mode(pytester, monkeypatch, import_m
     assert "skipped inside the ranks" in out
 
 
+IN_A_DIRECTORY_WITHOUT_INIT = """
+import pytest
+import torch.distributed as dist
+
+
+def rank_of():
+    return dist.get_rank()
+
+
+def test_spawn_sends_this_module_s_function(spawn):
+    assert spawn(rank_of) == [0, 1]
+
+
+@pytest.mark.multiproc
+def test_on_the_ranks(dist_ctx):
+    dist.barrier()
+"""
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["plain", "a-same-named-module-in-cwd"])
+def test_importlib_mode_run_from_outside_the_rootdir(pytester, shadow):
+    # pytest names the test module ``qa_t.test_imp`` (rootdir-relative); ``qa_t`` itself is
+    # importable nowhere. Run from another directory, as CI and tox do, the ranks must still
+    # find the module's functions, and must not import a module of that name from the
+    # directory pytest was started in, which the driver cannot see.
+    (pytester.path / "project" / "qa_t").mkdir(parents=True)
+    (pytester.path / "project" / "pytest.ini").write_text("[pytest]\n")
+    (pytester.path / "project" / "qa_t" / "test_imp.py").write_text(IN_A_DIRECTORY_WITHOUT_INIT)
+    elsewhere = pytester.path / "elsewhere"
+    elsewhere.mkdir()
+    if shadow:
+        (elsewhere / "qa_t.py").write_text(
+            "import os\nopen(os.path.join(os.path.dirname(__file__), 'SHADOW_RAN'), 'w').close()\n"
+        )
+    project = pytester.path / "project"
+    # The ``pytest`` command, whose path, unlike ``python -m pytest``'s (or pytester's, which
+    # adds the cwd to PYTHONPATH), lacks the cwd.
+    command = [os.path.join(os.path.dirname(sys.executable), "pytest"), "-p", "no:cacheprovider",
+               "--import-mode=importlib", f"--rootdir={project}", str(project / "qa_t")]  # fmt: skip
+    result = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=240,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout + result.stderr
+    assert not (elsewhere / "SHADOW_RAN").exists(), "a rank imported the module in pytest's cwd"
+
+
 def test_a_session_without_distributed_tests_never_imports_torch(pytester):
     """The plugin loads in every pytest session of a project that installs refddp; one that
     runs no distributed test must not pay for importing torch (seconds, on every run)."""

@@ -137,3 +137,40 @@ def test_classes_parametrize_and_param_marks_run_where_marked(pytester):
     result = run_inner(pytester, "-v")
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*TestInAClass::test_spawn*world_size=3* PASSED*"])
+
+
+IGNORED_WORLD_SIZES = """
+import pytest
+import torch.distributed as dist
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.world_size(3))])
+def test_in_a_param(dist_ctx, size):
+    assert dist.get_world_size() == size
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.world_size(3)
+def test_stacked(spawn):
+    pass
+
+
+@pytest.mark.world_size(3)
+def test_once(spawn):
+    assert spawn(dist.get_world_size) == [3, 3, 3]
+"""
+
+
+def test_a_world_size_mark_that_would_be_ignored_fails_that_test_in_one_line(pytester):
+    # Marks inside a pytest.param come after the sizes were read; of two marks one counts:
+    # both would run the test at a size it did not ask for.
+    pytester.makepyfile(test_sizes=IGNORED_WORLD_SIZES)
+    result = run_inner(pytester, "-v")
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines([
+        "*test_in_a_param[[]3[]]*a world_size mark inside pytest.param is not applied; put "
+        "@pytest.mark.world_size(...) on the function, class or module*",
+        "*test_stacked*2 world_size marks on one test, of which only one is applied; give every "
+        "size in one: @pytest.mark.world_size(*)*",
+    ])  # fmt: skip

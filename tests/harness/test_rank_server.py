@@ -107,6 +107,38 @@ def test_a_preloaded_module_that_starts_a_thread_leaves_ranks_to_fresh_interpret
     assert all(s["imported_in"] == s["me"] for s in seen), seen
 
 
+class CutShort:
+    """A server's socket whose wait for the reply is interrupted (Ctrl-C, a deadline)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def sendmsg(self, *args):
+        return self.sock.sendmsg(*args)
+
+    def recv(self, size):
+        raise KeyboardInterrupt
+
+
+def test_a_request_to_the_server_cut_short_gives_that_server_up(monkeypatch):
+    # Its reply would otherwise answer the next request: a rank started with another's pid.
+    rank_server.shutdown_server()
+    server = rank_server.server()
+    assert server is not None
+    real = server.sock
+    monkeypatch.setattr(server, "sock", CutShort(real))
+    with pytest.raises(KeyboardInterrupt):
+        server._call(None)
+    monkeypatch.setattr(server, "sock", real)
+    server.proc.wait(timeout=10)
+    assert not server.alive()
+    fresh = rank_server.server()
+    try:
+        assert fresh is not server and fresh.alive()
+    finally:
+        rank_server.shutdown_server()
+
+
 def gloo_loop_slack():
     """Timer slack (ns) of this rank's own thread and of its gloo transport threads."""
     def of(tid):  # a thread's own /proc/<tid> entry has its slack

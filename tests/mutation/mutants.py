@@ -2553,5 +2553,61 @@ MUTANTS = (
         ("tests/harness/test_plugin.py::test_a_pytest_session_run_inside_another_leaves_the_outer"
          "_ones_options",),
     ),
+    Mutant(
+        "interrupted-task-leaves-its-pool-running-it", "an interrupted task stops its pool",
+        TASKS,
+        "        if not isinstance(interruption, _PoolGone):\n            _interrupted(pool, interruption, offsets)\n",
+        "        pass\n",
+        (f"{T_HARNESS}::test_a_task_interrupted_in_the_driver_stops_its_pool_not_the_next_task",),
+    ),
+    Mutant(
+        "interrupted-task-leaves-no-rank-stacks", "an interrupted task stops its pool",
+        TASKS,
+        "            print(pool.files.report(headline, {}, stacks, offsets), file=sys.stderr, flush=True)",
+        "            pass",
+        (f"{T_HARNESS}::test_a_task_interrupted_in_the_driver_stops_its_pool_not_the_next_task",),
+    ),
+    Mutant(
+        "server-request-cut-short-keeps-the-server", "an interrupted task stops its pool",
+        "refddp/testing/driver/rank_server.py",
+        "            self.proc.kill()\n            raise\n", "            raise\n",
+        ("tests/harness/test_rank_server.py::test_a_request_to_the_server_cut_short_gives_that_server_up",),
+    ),
+    Mutant(
+        "dotted-test-module-looked-up-through-its-package", "the ranks find a test module under every import mode",
+        "refddp/testing/rank/worker.py",
+        "        loaded = sys.modules.get(module)\n", "        loaded = None\n",
+        ("tests/harness/test_plugin.py::test_importlib_mode_run_from_outside_the_rootdir[plain]",),
+    ),
+    Mutant(
+        "ranks-import-from-the-directory-pytest-started-in", "the ranks find a test module under every import mode",
+        "refddp/testing/rank/worker.py",
+        '    started_in = ("", os.getcwd())', "    started_in = ()",
+        ("tests/harness/test_plugin.py::test_importlib_mode_run_from_outside_the_rootdir"
+         "[a-same-named-module-in-cwd]",),
+    ),
+    Mutant(
+        "world-size-in-a-param-ignored", "a world_size mark that would be ignored fails its test",
+        "refddp/testing/plugin.py", "    if in_params:\n", "    if False:\n",
+        ("tests/harness/test_plugin_rank_fixtures.py::test_a_world_size_mark_that_would_be_ignored"
+         "_fails_that_test_in_one_line",),
+    ),
+    Mutant(
+        "stacked-world-size-marks-ignored", "a world_size mark that would be ignored fails its test",
+        "refddp/testing/plugin.py", "    if len(on_function) > 1:\n", "    if False:\n",
+        ("tests/harness/test_plugin_rank_fixtures.py::test_a_world_size_mark_that_would_be_ignored"
+         "_fails_that_test_in_one_line",),
+    ),
+    Mutant(
+        "fault-exit-code-past-255-taken", "a bad fault is a one-line error",
+        FAULTS, "and 0 <= code <= 255):", "):",
+        (f"{T_FAULTS}::test_bad_faults_are_one_line_errors",),
+    ),
+    Mutant(
+        "a-second-fault-left-unnamed", "the report says which fault fired where",
+        REPORTS, '        own = "".join(f" (injected: {line})" for line in fired.get(rank, ()))',
+        '        own = ""',
+        (f"{T_FAULTS}::test_several_faults_that_fire_are_each_named_with_the_rank_they_ended",),
+    ),
     *ISSUE_48,
 )

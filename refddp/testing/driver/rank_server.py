@@ -133,15 +133,20 @@ class RankServer:
         self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
         try:
             self._call(None)  # the server answers once its imports are done
-        except OSError:  # a timeout too: the pool's ranks start afresh
-            self.proc.kill()
-            self.proc.wait()
+        except BaseException:  # a timeout too (OSError): the pool's ranks start afresh
+            self.proc.wait()  # (killed by _call)
             raise
         self.sock.settimeout(None)
 
     def _call(self, request: Any, fds: Sequence[int] = ()) -> Any:
-        socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
-        data = self.sock.recv(_MAX_MESSAGE)
+        try:
+            socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
+            data = self.sock.recv(_MAX_MESSAGE)
+        except BaseException:
+            # Cut short (Ctrl-C, a deadline's exception): the reply, if it came later, would
+            # answer the next request, so this server is given up (a new one starts).
+            self.proc.kill()
+            raise
         if not data:
             raise OSError(f"the rank server exited ({self.proc.wait()})")
         reply = pickle.loads(data)

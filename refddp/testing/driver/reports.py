@@ -312,17 +312,19 @@ def blame(
         if rank == cause:
             continue
         reply, slot = replies.get(rank), slots[rank]
+        # A fault of its own fired too (several in one task): said, as what ended this rank
+        own = "".join(f" (injected: {line})" for line in fired.get(rank, ()))
         if reply is None and slot.inside:
-            victims.append(f"rank {rank}: waiting on rank {cause} in {slot.last}")
+            victims.append(f"rank {rank}: waiting on rank {cause} in {slot.last}{own}")
         elif reply is None:
             last = f" (last collective: {slot.last})" if slot.last else ""
-            victims.append(f"rank {rank}: still running, in no collective{last}")
+            victims.append(f"rank {rank}: still running, in no collective{last}{own}")
         elif isinstance(reply, FAILURES):
             where = _inside(reply, slot)
             text = getattr(reply, "text", None) or getattr(reply, "why", "")
-            if where:
+            if where and not own:
                 victims.append(f"rank {rank}: failed waiting on rank {cause} in {where}: "
                                f"{exception_line(text)}")  # fmt: skip
             else:
-                victims.append(f"rank {rank}: also failed: {exception_line(text)}")
+                victims.append(f"rank {rank}: also failed: {exception_line(text)}{own}")
     return headline, victims

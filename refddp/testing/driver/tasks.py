@@ -4,11 +4,11 @@
 start and stop), waits for each rank's reply until the task's deadline (``collect_replies``:
 after a failure, only until replies stop for a moment, or until a rank is certainly hung),
 and turns the replies into the ranks' results, ``RankSkipped``, or a ``RankFailure`` /
-``RankTimeout`` whose report (``reports.py``) names the rank that failed first; a failed task
-closes its pool, one that left it unsound marks it so. Apart from ``pool.py`` because this is
-what a task does with a pool, not how a pool comes to be; ``pool.py`` imports this module (its
-start waits for ``Ready`` through ``collect_replies``), so the pool is passed in, never
-imported.
+``RankTimeout`` whose report (``reports.py``) names the rank that failed first; a failed or
+interrupted task closes its pool, one that left it unsound marks it so. Apart from
+``pool.py`` because this is what a task does with a pool, not how a pool comes to be;
+``pool.py`` imports this module (its start waits for ``Ready`` through ``collect_replies``),
+so the pool is passed in, never imported.
 """
 
 from __future__ import annotations
@@ -86,15 +86,19 @@ def run_task(
     offsets = [pool.files.out_size(r) for r in range(pool.world_size)]
     if faults:  # only a task's armed faults write records
         fault_records.clear_records(pool.workdir, pool.world_size)
-    try:
-        for conn in pool.conns:
-            conn.send(task)
-    except OSError as exc:
-        pool.close()
-        raise _PoolGone(str(exc)) from exc
-
     start = time.monotonic()
-    replies, one_sided = collect_replies(pool, range(pool.world_size), start + timeout_s, True)
+    try:
+        try:
+            for conn in pool.conns:
+                conn.send(task)
+        except OSError as exc:
+            pool.close()
+            raise _PoolGone(str(exc)) from exc
+        replies, one_sided = collect_replies(pool, range(pool.world_size), start + timeout_s, True)
+    except BaseException as interruption:
+        if not isinstance(interruption, _PoolGone):
+            _interrupted(pool, interruption, offsets)
+        raise
     fired = fault_records.fired_faults(pool.workdir, pool.world_size) if faults else {}
     unfired = fault_records.never_fired(faults, fired)
     failures = {r: failure_text(m) for r, m in replies.items() if isinstance(m, FAILURES)}
@@ -201,6 +205,24 @@ def _fail(
         )
     pool.close(busy=pending)
     raise error
+
+
+def _interrupted(pool: Any, interruption: BaseException, offsets: list[int]) -> None:
+    """The driver was interrupted while the ranks ran a task (Ctrl-C, pytest-timeout's
+    failure, a signal handler's exception): the ranks are still running it, so the pool is
+    stopped and the next task starts a new one (a warm pool would otherwise hand that task
+    this one's replies). Unless it was Ctrl-C, each rank's stack and output go to stderr
+    first: the interruption's own report shows only the driver's wait."""
+    pool.sound = False  # replaced before the next task, even if the close below is cut short
+    try:
+        if not isinstance(interruption, (KeyboardInterrupt, SystemExit)):
+            running = {r: proc.pid for r, proc in enumerate(pool.procs) if proc.poll() is None}
+            headline = (f"refddp: the task was interrupted ({type(interruption).__name__}: "
+                        f"{str(interruption).strip()[:200]}) while the ranks ran it")  # fmt: skip
+            stacks = pool.files.dump_stacks(running)
+            print(pool.files.report(headline, {}, stacks, offsets), file=sys.stderr, flush=True)
+    finally:
+        pool.close(busy=range(pool.world_size))
 
 
 def collect_replies(

@@ -69,12 +69,26 @@ class _TaskUnpickler(pickle.Unpickler):
     """Resolves the driver's ``__main__`` to its script, loaded here under DRIVER_MAIN."""
 
     def find_class(self, module: str, name: str) -> Any:
-        return super().find_class(DRIVER_MAIN if module == "__main__" else module, name)
+        module = DRIVER_MAIN if module == "__main__" else module
+        loaded = sys.modules.get(module)
+        if loaded is None:
+            return super().find_class(module, name)
+        # Loaded already (``_import_test_modules``), perhaps from its file under a dotted name
+        # whose package is not importable here (pytest's importlib mode, run from outside the
+        # rootdir): taken as it is, since pickle's own lookup imports the package first.
+        found: Any = loaded
+        for part in name.split("."):
+            found = getattr(found, part)
+        return found
 
 
 def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | None]]) -> None:
     """Make the driver's modules importable here, whatever pytest's import mode."""
-    sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path]
+    # The driver's path, then this process's own, less the directory it started in (``-m``
+    # put it first): a module there that the driver cannot see must not shadow the driver's
+    # (a stray ``tests.py`` in the directory pytest was started from, say).
+    started_in = ("", os.getcwd())
+    sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path and p not in started_in]
     with _loading_driver_modules():
         for name, file in modules:
             # The driver's script runs here under another name: its `if __name__ ==
