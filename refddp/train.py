@@ -278,9 +278,11 @@ def _log_summary(ctx: DistContext, summary: str, started: float, out: str) -> No
 
 
 def _validation_summary(metrics: dict) -> str:
-    """``val_loss 0.1662, val_acc 0.9341``: the validation metrics a record has (none yet: nan)."""
+    """``val_loss 0.1662, val_acc 0.9341``: the validation metrics a record has (``not
+    evaluated yet`` before the first evaluation: a nan there would read as a diverged run)."""
     found = {k: v for k, v in metrics.items() if k.startswith("val_") and isinstance(v, float)}
-    found = found or {"val_loss": float("nan")}
+    if not found:
+        return "not evaluated yet"
     return ", ".join(f"{k} {v:.4f}" for k, v in found.items())
 
 

@@ -118,7 +118,10 @@ def load_run_state(path: str, required: tuple[str, ...] = REQUIRED_KEYS) -> dict
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        needs = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        # torch's wording: a class not allow-listed, or a callable of a module it blocks
+        # (``posix.system``: a checkpoint written to run a command as it loads)
+        needs = re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module \S+ is blocked)",
+                          str(exc))  # fmt: skip
         if needs:
             raise CheckpointError(
                 f"{path}: refused: it needs pickled code ({needs.group(1)}) to load, and "

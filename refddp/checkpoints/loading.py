@@ -61,6 +61,11 @@ def load_resume_checkpoint(c: TrainConfig) -> tuple[str, dict[str, Any]] | None:
         candidates = [_latest_loadable(*fmt.latest(directory))
                       for fmt in checkpoint_formats.every()]  # fmt: skip
         found = max((f for f in candidates if f), key=lambda f: f[1]["step"], default=None)
+    if found is None and c.task != "train" and c.resume == "never":
+        raise CheckpointError(
+            f"resume: --task {c.task} needs a checkpoint, which resume: never rules out; "
+            "give --resume auto (the latest in --out) or --resume PATH"
+        )
     if found is None and c.task != "train":
         raise CheckpointError(
             f"resume: no checkpoint in {checkpoint_dir(c.out)}; "

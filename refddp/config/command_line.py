@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference DDP trainer. Every option is also a YAML key of --config.",
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", help="YAML file of options (CLI flags override it)")
+    parser.add_argument("--config", action="append",
+                        help="YAML file of options (CLI flags override it)")  # fmt: skip
     for f in FIELDS.values():
         flag = "--" + f.name.replace("_", "-")
         kind = field_type(f)
@@ -64,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_cli(argv: list[str]) -> tuple[dict[str, Any], str | None]:
     """The options given on the command line (only those), and the --config path if any."""
     values = vars(build_parser().parse_args(argv))
-    return {k: v for k, v in values.items() if k != "config"}, values.get("config")
+    files = values.get("config", [None])
+    if len(files) > 1:  # a later one silently replacing the earlier would drop all of it
+        raise ConfigError(f"--config is given {len(files)} times; give one file (flags override "
+                          "it)")  # fmt: skip
+    return {k: v for k, v in values.items() if k != "config"}, files[0]
 
 
 def merge(

@@ -163,7 +163,10 @@ def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
         failures = [(rank, failure) for rank, failure in failures if rank not in stopped]
         if not failures:
             return 1
-    described = ", ".join(_describe(rank, failure) for rank, failure in failures)
+    # Once a rank fails, the agent ends the others with SIGTERM: those are not causes, unless
+    # every failure is one (a SIGTERM from outside).
+    causes = [(rank, failure) for rank, failure in failures if not _ended_by_the_agent(failure)]
+    described = ", ".join(_describe(rank, failure) for rank, failure in causes or failures)
     stacks_dir = os.path.join(out, "stacks")
     stacks = _stack_files(stacks_dir)
     hint = (
@@ -173,6 +176,10 @@ def _report_failure(exc: ChildFailedError, out: str, job: str) -> int:
     )
     print(f"error: {job} failed: {described}{hint}", file=sys.stderr)
     return 1  # a runtime failure, whatever code or signal ended the failed rank
+
+
+def _ended_by_the_agent(failure: ProcessFailure) -> bool:
+    return failure.exitcode == -signal.SIGTERM
 
 
 def _describe(rank: int, failure: ProcessFailure) -> str:

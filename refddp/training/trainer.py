@@ -114,6 +114,7 @@ class Trainer:
         self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
         self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
         self.resumed_from = self._resume()
+        refuse_an_end_behind(c, self.pos.step, self.total_steps, self.resumed_from)
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
         # other ranks hold none, so the calls below need no rank check.
@@ -352,8 +353,11 @@ class Trainer:
                    disable=not (c.progress and ctx.is_main), dynamic_ncols=True,
                    leave=False)  # fmt: skip
         self.model.train()
-        # A stop interrupted the evaluation due at this step: it runs first.
-        stopping = pos.eval_pending and self.end_of_step(0, 0)
+        # A stop interrupted the evaluation due at this step: it runs first. So does the final
+        # one where a resume starts at the run's end (``max_steps`` or ``epochs`` lowered to
+        # the step a stopped run had reached) and the run has not evaluated there yet.
+        at_its_end = pos.step == self.total_steps and pos.metrics.get("step") != pos.step
+        stopping = (pos.eval_pending or at_its_end) and self.end_of_step(0, 0)
         profiler = StepProfiler(c.profile, c.out, ctx.rank, self.device) if c.profile else None
         if profiler is not None:
             profiler.after_step(pos.step)  # starts now if the window does
@@ -391,3 +395,18 @@ class Trainer:
             "skipped_steps": pos.skipped_steps,
             "metrics": pos.metrics,
         }
+
+
+def refuse_an_end_behind(
+    c: TrainConfig, step: int, total_steps: int, resumed_from: str | None
+) -> None:
+    """Refuse, in one line, a resume whose ``max_steps`` or ``epochs`` end the run before the
+    step it has reached: it would report that step as done, past the end it was given."""
+    if step <= total_steps:
+        return
+    field = "max_steps" if c.max_steps and c.max_steps < step else "epochs"
+    given = c.max_steps if field == "max_steps" else c.epochs
+    raise ConfigError(
+        f"{field}: {given} ends the run at step {total_steps}, but the run resumed from "
+        f"{resumed_from} is at step {step}; give a later end, or --resume never to start afresh"
+    )

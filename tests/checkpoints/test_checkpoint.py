@@ -93,11 +93,27 @@ class Pickled:
     pass
 
 
-def test_checkpoint_needing_pickled_code_is_refused(tmp_path):
+class RunsACommand:
+    """Unpickled, it would run ``touch``: what a malicious checkpoint holds."""
+
+    def __reduce__(self):
+        return (os.system, ("touch should-never-exist",))
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [(Pickled(), "Pickled"), (RunsACommand(), "system")],
+    ids=["a-class", "a-blocked-callable"],
+)
+def test_checkpoint_needing_pickled_code_is_refused(tmp_path, monkeypatch, payload, named):
+    # torch words the two apart ("not an allowed global", "whose module posix is blocked");
+    # the second was reported as a corrupt file, and ``--resume auto`` fell back past it.
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "evil.pth"
-    torch.save({**state(), "payload": Pickled()}, path)
-    with pytest.raises(CheckpointError, match=r"refused: it needs pickled code"):
+    torch.save({**state(), "payload": payload}, path)
+    with pytest.raises(CheckpointError, match=rf"refused: it needs pickled code \(\S*{named}\)"):
         ckpt.load_checkpoint(str(path))
+    assert not (tmp_path / "should-never-exist").exists()
 
 
 def test_truncated_checkpoint_is_named(tmp_path):

@@ -103,6 +103,27 @@ def test_a_stop_at_an_epoch_end_or_the_last_step_loses_no_evaluation(run_cli, ti
 BEST = "checkpoint_best.pth"
 
 
+@pytest.mark.slow  # CLI runs: ~15 s
+def test_a_resume_at_a_lowered_end_evaluates_there_and_one_below_the_step_is_refused(run_cli, tiny):
+    # A run stopped at step 6, before any evaluation, resumed with --max-steps 6: it used to
+    # end "done" with no evaluation, no history and no metric (and one resumed with
+    # --max-steps 4 said "done: step 6").
+    flags = {**tiny, "lr_schedule": "constant"}  # so that the end given changes no rate
+    straight = run_cli("--max-steps", 6, out="straight", **flags)
+    stopped = run_cli("--stop-after", 6, out="run", **flags)
+    assert "stopped: step 6, not evaluated yet" in stopped.stderr
+    refused = run_cli("--max-steps", 4, out="run", check=False, **flags)
+    assert refused.returncode == 2, refused.stderr
+    assert ("error: max_steps: 4 ends the run at step 4, but the run resumed from "
+            f"{stopped.out / 'checkpoints' / 'checkpoint_latest.pth'} is at step 6") in refused.stderr
+    resumed = run_cli("--max-steps", 6, out="run", **flags)
+    assert "done: step 6, val_loss" in resumed.stderr
+    assert evaluations(resumed.out) == evaluations(straight.out)
+    assert_same_weights(resumed.weights(), straight.weights())
+    again = run_cli("--max-steps", 6, out="run", **flags)  # evaluated there now: not again
+    assert len(history(again.out)) == 1 and "done: step 6, val_loss" in again.stderr
+
+
 @pytest.mark.slow  # CLI runs: ~22 s
 def test_init_from_starts_a_new_run_from_the_weights_only(run_cli, tiny):
     first = run_cli(out="first", **tiny)

@@ -109,6 +109,25 @@ def test_eval_without_a_checkpoint(capsys, tmp_path):
     )
 
 
+def test_predict_with_resume_never_says_resume_rules_the_checkpoint_out(capsys, tmp_path):
+    expect_usage_error(
+        capsys,
+        ["--task", "predict", "--resume", "never", "--out", str(tmp_path)],
+        "--task predict needs a checkpoint, which resume: never rules out",
+    )
+
+
+def test_a_config_file_given_twice_is_refused_in_one_line(capsys, tmp_path):
+    for name in ("a.yaml", "b.yaml"):
+        (tmp_path / name).write_text("epochs: 1\n")
+    expect_usage_error(
+        capsys,
+        ["--config", str(tmp_path / "a.yaml"), "--config", str(tmp_path / "b.yaml"),
+         "--out", str(tmp_path / "run")],
+        "--config is given 2 times; give one file",
+    )
+
+
 def test_corrupt_latest_checkpoint_without_fallback(capsys, tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / LATEST).write_bytes(b"PK\x03\x04 truncated")

@@ -104,6 +104,8 @@ T_SAME_RANKS = (f"{T_FINGERPRINT}::test_two_groups_over_the_same_ranks_are_told_
                 "names_in_seconds")
 T_SPACE = "tests/harness/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
+T_LOWERED_END = ("tests/checkpoints/test_resume.py::test_a_resume_at_a_lowered_end_evaluates_there_and_one"
+                 "_below_the_step_is_refused")
 ISSUE_48 = [
     Mutant(
         "left-out-root-unlike-rank-0", CHECK_SPACE, COLLECTIVES,
@@ -2608,6 +2610,46 @@ MUTANTS = (
         REPORTS, '        own = "".join(f" (injected: {line})" for line in fired.get(rank, ()))',
         '        own = ""',
         (f"{T_FAULTS}::test_several_faults_that_fire_are_each_named_with_the_rank_they_ended",),
+    ),
+    Mutant(
+        "resume-at-a-lowered-end-not-evaluated", "a resume at a lowered end evaluates there",
+        TRAINER, "        at_its_end = pos.step == self.total_steps and pos.metrics.get(\"step\") != pos.step",
+        "        at_its_end = False",
+        (T_LOWERED_END,),
+    ),
+    Mutant(
+        "finished-run-evaluated-again-on-rerun", "a resume at a lowered end evaluates there",
+        TRAINER, "        at_its_end = pos.step == self.total_steps and pos.metrics.get(\"step\") != pos.step",
+        "        at_its_end = pos.step == self.total_steps",
+        (T_LOWERED_END,),
+    ),
+    Mutant(
+        "resume-past-its-end-taken", "a resume at a lowered end evaluates there",
+        TRAINER, "    if step <= total_steps:\n        return\n", "    if True:\n        return\n",
+        (T_LOWERED_END,),
+    ),
+    Mutant(
+        "ranks-the-agent-ended-named-as-causes", "a failed rank is named in one line",
+        "refddp/launch/torchrun.py", "for rank, failure in causes or failures)",
+        "for rank, failure in failures)",
+        ("tests/launch/test_exit_codes.py::test_a_sigkilled_rank_is_named_and_no_empty_stack_file_is_reported",),
+    ),
+    Mutant(
+        "blocked-callable-taken-for-a-corrupt-file", "a checkpoint needing pickled code is refused, naming it",
+        CKPT_FULL, "(?:was not an allowed global|whose module \\S+ is blocked)",
+        "was not an allowed global",
+        ("tests/checkpoints/test_checkpoint.py::test_checkpoint_needing_pickled_code_is_refused",),
+    ),
+    Mutant(
+        "second-config-file-replaces-the-first", "bad input is one line",
+        "refddp/config/command_line.py", "    if len(files) > 1:", "    if False:",
+        ("tests/commands/test_bad_input.py::test_a_config_file_given_twice_is_refused_in_one_line",),
+    ),
+    Mutant(
+        "predict-with-resume-never-told-no-checkpoint", "bad input is one line",
+        CKPT, '    if found is None and c.task != "train" and c.resume == "never":',
+        '    if False:',
+        ("tests/commands/test_bad_input.py::test_predict_with_resume_never_says_resume_rules_the_checkpoint_out",),
     ),
     *ISSUE_48,
 )
