@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
-from refddp.checkpoints.run_files import RunFileError
+from refddp.checkpoints.run_files import RunDirectoryInUse, RunFileError, hold_run_directory
 from refddp.checkpoints.run_state import check_model_compatible
 from refddp.config.command_line import load_yaml, merge, parse_cli
 from refddp.config.schema import JOINED_WITH, ConfigError, TrainConfig
@@ -286,6 +286,21 @@ def _validation_summary(metrics: dict) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in found.items())
 
 
+_held: list = []  # the run directory's lock (``hold_for_training``): held until this process ends
+
+
+def hold_for_training(c: TrainConfig) -> None:
+    """A training run holds its ``out`` while it runs: a second one started on it is refused in
+    one line (``hold_run_directory``). Not under srun, whose other tasks would wait for a
+    refused rank 0 until their join timed out."""
+    if c.task != "train":
+        return
+    try:
+        _held.append(hold_run_directory(c.out))
+    except RunDirectoryInUse as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -293,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_rank(merge({}, json.loads(os.environ[CONFIG_ENV])))
         c, resumed, given = resolve_config(argv)
         if under_torchrun():
+            if os.environ.get("RANK") == "0":  # (torchrun's agent then ends the other ranks)
+                hold_for_training(c)
             return run_rank(c, given)
         task = srun_task()
         if task is not None:  # srun started every rank: each resolves its config, as above
@@ -305,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_rank(c, given)
         world_size = resolve_nproc(c)
         preflight(c, world_size, resumed)
+        hold_for_training(c)  # by the launcher, or the one process, until the run ends
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

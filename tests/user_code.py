@@ -477,3 +477,12 @@ def nonfinite_val_datasets(config):
     x = val.x.clone()
     x[0] = float("inf")
     return train, TensorPairDataset(x, val.y)
+
+
+def mlp_with_an_unused_head(config):
+    """The MLP with a second head its forward never uses: its parameters get no gradient."""
+    from refddp.workload.models import MLP
+
+    model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
+    model.unused_head = torch.nn.Linear(config.hidden_size, 3)
+    return model

@@ -10,12 +10,50 @@ checkpoints of every format and for ``history.jsonl``, ``eval.json`` and ``predi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+LOCK_NAME = ".refddp.lock"  # in the run directory, held by the training run that writes it
+
+
+class RunDirectoryInUse(RuntimeError):
+    """Another training run holds the run directory (``hold_run_directory``)."""
+
+
+def hold_run_directory(out: str) -> Any:
+    """Hold ``out`` for this training run until this process ends; returns what must stay
+    referenced meanwhile (None where the filesystem has no locks: then nothing is held).
+
+    Why: two runs on one directory (one started twice by mistake, or requeued while the first
+    still runs) would resume from each other's checkpoints and write one history between them.
+    The second is refused instead, naming the first's pid. The lock is advisory (``flock``),
+    so the kernel drops it when its holder exits, however it ends: a killed run leaves none.
+    """
+    os.makedirs(out, exist_ok=True)
+    held = open(os.path.join(out, LOCK_NAME), "a+")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.seek(0)
+        holder = held.read().strip() or "unknown"
+        held.close()
+        raise RunDirectoryInUse(
+            f"out: {out} is in use by another training run (pid {holder}); wait for it to end, "
+            "stop it, or give another --out"
+        ) from None
+    except OSError:  # a filesystem without locks (some network ones): none is held
+        held.close()
+        return None
+    held.seek(0)
+    held.truncate()
+    held.write(f"{os.getpid()}\n")
+    held.flush()
+    return held
 
 
 class RunFileError(RuntimeError):

@@ -19,6 +19,7 @@ training, before an evaluation and a checkpoint.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,6 +162,36 @@ def unreduced_parameters(ddp: DDP) -> list[nn.Parameter]:
                for name, p in module.named_parameters(recurse=False)
                if p.requires_grad and f"{prefix}.{name}" not in ignored}  # fmt: skip
     return [p for p in ddp.module.parameters() if p.requires_grad and id(p) not in reduced]
+
+
+# DDP's words when a parameter got no gradient in a step (torch 2.5-2.14), and its own list of
+# them by index, on the next step's forward
+_UNUSED = "Expected to have finished reduction in the prior iteration"
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+
+
+def unused_parameters_line(error: BaseException, wrapped: nn.Module) -> str | None:
+    """One line for DDP's error about parameters that got no gradient (the most common DDP
+    failure: an unused head, a branch not taken), naming them and the flag; None for any
+    other error. DDP (``wrapped``) numbers them among the parameters it trains, in its
+    module's ``named_parameters`` order, those it is told to ignore left out."""
+    text = str(error)
+    if _UNUSED not in text:
+        return None
+    found = _UNUSED_INDICES.search(text)
+    which = ""
+    if found:
+        ignored = getattr(wrapped, "parameters_to_ignore", None) or set()
+        model = getattr(wrapped, "module", wrapped)
+        names = [n for n, p in model.named_parameters() if p.requires_grad and n not in ignored]
+        indices = [int(i) for i in found.group(1).split()]
+        listed = [names[i] if i < len(names) else f"#{i}" for i in indices]
+        which = f" ({', '.join(listed)})"  # (the ranks the launcher names)
+    return (
+        f"find_unused_parameters: parameters of the model got no gradient in a step{which}, "
+        "which DDP must be told of: run with --find-unused-parameters, or leave them out of "
+        "the model (or set requires_grad=False on them)"
+    )
 
 
 def clip_to_norm(parameters: list[nn.Parameter], max_norm: float, norm: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ from refddp.launch.stop_signals import StopRequest
 from refddp.training import run_setup, steps, trackers
 from refddp.training.evaluation import agreed_objective, autocast, evaluate, finite_validation
 from refddp.training.metrics import describe_record, model_flops_utilisation, peak_memory_mb
-from refddp.training.parallel import build_parallel, sync_buffers
+from refddp.training.parallel import build_parallel, sync_buffers, unused_parameters_line
 from refddp.training.profiler import StepProfiler
 from refddp.training.schedule import Schedule
 from refddp.training.skips import BufferSnapshot
@@ -273,7 +273,13 @@ class Trainer:
         ``grad_accum`` micro-batches, then the update unless the gradient is non-finite.
         Returns the stop signal any rank had received when the step began, where the step met
         (0: none, or the step did not meet)."""
-        return steps.train_step(self, batches)
+        try:
+            return steps.train_step(self, batches)
+        except RuntimeError as exc:  # DDP's long error for unused parameters: one line
+            unused = unused_parameters_line(exc, getattr(self.parallel, "wrapped", self.model))
+            if unused is None:
+                raise
+            raise ConfigError(unused) from None
 
     def settle(self) -> int:
         """Agree now on what waits for the next step's all-reduce: the last step's loss (for

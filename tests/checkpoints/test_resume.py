@@ -293,3 +293,37 @@ def test_a_stop_requested_during_a_save_ends_the_run_at_that_save(spawn, tmp_pat
     assert [(r["step"], r["stopped_by"]) for r in results] == [(4, signal.SIGTERM)] * 2
     latest = torch.load(tmp_path / "checkpoints" / "checkpoint_latest.pth", weights_only=True)
     assert latest["step"] == 4
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["one-process", "launcher"])
+def test_a_second_run_on_a_run_directory_in_use_is_refused_and_the_first_goes_on(
+    tmp_path, tiny, spawn, nproc
+):
+    # Two runs on one --out resumed from each other's checkpoints and wrote one history
+    # between them; the first died on a stack file the second had replaced.
+    out = tmp_path / "run"
+    flags = {**tiny, "epochs": 400}
+    first = start(train_command(out, "--nproc", nproc, "--no-progress", **flags))
+    try:
+        lock = out / ".refddp.lock"
+        deadline = time.monotonic() + 120
+        while not (out / "history.jsonl").exists():  # training, past its first evaluation
+            assert time.monotonic() < deadline and first.poll() is None, "the first run ended"
+            time.sleep(0.05)
+        second = run(train_command(out, "--nproc", nproc, "--no-progress", **flags))
+        assert first.poll() is None, "the first run must go on"
+        first.send_signal(signal.SIGTERM)
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.strip().splitlines() == [
+        f"error: out: {out} is in use by another training run (pid {first.pid}); wait for it "
+        "to end, stop it, or give another --out"
+    ]
+    assert "stopped at step" in stderr, stderr
+    steps = [h["step"] for h in history(out)]
+    assert steps == sorted(set(steps)), "one run's history"
+    assert lock.read_text().strip() == str(first.pid)
+    rerun = run(train_command(out, "--nproc", nproc, "--stop-after", 1, "--no-progress", **flags))
+    assert rerun.returncode == 0, rerun.stderr  # the first run's lock went with it

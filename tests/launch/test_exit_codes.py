@@ -32,6 +32,23 @@ def test_a_config_error_on_one_rank_only_is_printed_naming_the_rank(run_cli, tin
     ], done.stderr
 
 
+def test_parameters_without_a_gradient_are_one_line_naming_them_and_the_flag(run_cli, tiny):
+    # DDP's own error is a 20-line traceback on every rank, on the step after the one that
+    # left the parameters out.
+    model = "tests.user_code:mlp_with_an_unused_head"
+    done = run_cli("--nproc", 2, model=model, check=False, **tiny)
+    assert done.returncode == 2, done.stderr
+    [line] = error_lines(done.stderr)
+    said = ("error: find_unused_parameters: parameters of the model got no gradient in a step "
+            "(unused_head.weight, unused_head.bias), which DDP must be told of: run with "
+            "--find-unused-parameters, or leave them out of the model (or set requires_grad=False "
+            "on them)")  # fmt: skip
+    # (Each rank finds it; one the launcher's agent ends first has not recorded it yet.)
+    assert line in (f"{said} (ranks 0, 1)", f"{said} (rank 0)", f"{said} (rank 1)"), line
+    assert run_cli("--nproc", 2, "--find-unused-parameters", model=model, out="with_the_flag",
+                   **tiny).returncode == 0  # fmt: skip
+
+
 def no_space_left(path):
     """``path`` becomes a file every write to fails with ENOSPC: a full disk, without root."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2651,5 +2651,18 @@ MUTANTS = (
         '    if False:',
         ("tests/commands/test_bad_input.py::test_predict_with_resume_never_says_resume_rules_the_checkpoint_out",),
     ),
+    Mutant(
+        "run-directory-not-held", "a second run on a run directory in use is refused",
+        "refddp/train.py", "        _held.append(hold_run_directory(c.out))", "        pass",
+        ("tests/checkpoints/test_resume.py::test_a_second_run_on_a_run_directory_in_use_is_refused_and_the"
+         "_first_goes_on",),
+    ),
+    Mutant(
+        "unused-parameters-left-to-ddps-traceback", "bad input is one line",
+        TRAINER, "unused = unused_parameters_line(exc, getattr(self.parallel, \"wrapped\", self.model))",
+        "unused = None",
+        ("tests/launch/test_exit_codes.py::test_parameters_without_a_gradient_are_one_line_naming_them_and"
+         "_the_flag",),
+    ),
     *ISSUE_48,
 )
