@@ -102,6 +102,10 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         train, val = build_datasets(c)  # load it here: a bad file fails before any rank starts
         n_train, n_val = len(train), len(val)  # type: ignore[arg-type]
     global_batch = batch * world_size * c.grad_accum
+    if resumed is not None and c.task == "train":  # before config.yaml records a refused end
+        epoch_steps = c.epochs * (n_train // global_batch)
+        total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
+        run_state.refuse_an_end_behind(c, resumed[1]["step"], total_steps, resumed[0])
     if c.task == "train" and n_train < global_batch:
         raise ConfigError(
             f"data: {n_train} training samples for {world_size} rank(s) do not fill one global "
@@ -290,9 +294,9 @@ _held: list = []  # the run directory's lock (``hold_for_training``): held until
 
 
 def hold_for_training(c: TrainConfig) -> None:
-    """A training run holds its ``out`` while it runs: a second one started on it is refused in
-    one line (``hold_run_directory``). Not under srun, whose other tasks would wait for a
-    refused rank 0 until their join timed out."""
+    """A training run holds its ``out`` until its process exits: a second one started on it (in
+    another process) is refused in one line (``hold_run_directory``). Not under srun, whose
+    other tasks would wait for a refused rank 0 until their join timed out."""
     if c.task != "train":
         return
     try:
@@ -322,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_rank(c, given)
         world_size = resolve_nproc(c)
         preflight(c, world_size, resumed)
-        hold_for_training(c)  # by the launcher, or the one process, until the run ends
+        hold_for_training(c)  # by the launcher, or the one process, until it exits
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,9 +10,11 @@ checkpoints of every format and for ``history.jsonl``, ``eval.json`` and ``predi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,31 +29,38 @@ class RunDirectoryInUse(RuntimeError):
 
 def hold_run_directory(out: str) -> Any:
     """Hold ``out`` for this training run until this process ends; returns what must stay
-    referenced meanwhile (None where the filesystem has no locks: then nothing is held).
+    referenced meanwhile (None where no lock can be taken: then nothing is held).
 
     Why: two runs on one directory (one started twice by mistake, or requeued while the first
     still runs) would resume from each other's checkpoints and write one history between them.
-    The second is refused instead, naming the first's pid. The lock is advisory (``flock``),
-    so the kernel drops it when its holder exits, however it ends: a killed run leaves none.
+    The second is refused instead, naming the first's host and pid. The lock is a POSIX
+    record lock (``lockf``): it belongs to this process alone (not to the loader workers it
+    forks, which could outlive it) and the kernel drops it when the process exits, however it
+    ends. A directory this process cannot use is left to the checks that name it (none held).
     """
-    os.makedirs(out, exist_ok=True)
-    held = open(os.path.join(out, LOCK_NAME), "a+")  # noqa: SIM115 - held until the process ends
     try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        held.seek(0)
-        holder = held.read().strip() or "unknown"
+        os.makedirs(out, exist_ok=True)
+        held = open(os.path.join(out, LOCK_NAME), "a+")  # noqa: SIM115 - held until the process ends
+    except OSError:
+        return None
+    try:
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        busy = exc.errno in (errno.EACCES, errno.EAGAIN)
+        holder = ""
+        if busy:
+            held.seek(0)
+            holder = held.read().strip() or "unknown"
         held.close()
+        if not busy:  # a filesystem without locks (some network ones): none is held
+            return None
         raise RunDirectoryInUse(
-            f"out: {out} is in use by another training run (pid {holder}); wait for it to end, "
+            f"out: {out} is in use by another training run ({holder}); wait for it to end, "
             "stop it, or give another --out"
         ) from None
-    except OSError:  # a filesystem without locks (some network ones): none is held
-        held.close()
-        return None
     held.seek(0)
     held.truncate()
-    held.write(f"{os.getpid()}\n")
+    held.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     held.flush()
     return held
 

@@ -129,6 +129,19 @@ def continue_run(
     return dataclasses.replace(c, global_batch_size=run)
 
 
+def refuse_an_end_behind(c: TrainConfig, step: int, total_steps: int, resumed_from: Any) -> None:
+    """Refuse, in one line, a resume whose ``max_steps`` or ``epochs`` end the run before the
+    step it has reached: it would report that step as done, past the end it was given."""
+    if step <= total_steps:
+        return
+    field = "max_steps" if c.max_steps == total_steps else "epochs"  # the one that binds
+    given = c.max_steps if field == "max_steps" else c.epochs
+    raise CheckpointError(
+        f"{field}: {given} ends the run at step {total_steps}, but the run resumed from "
+        f"{resumed_from} is at step {step}; give a later end, or --resume never to start afresh"
+    )
+
+
 def check_global_batch(c: TrainConfig, world_size: int, state: dict[str, Any], path: str) -> None:
     """Refuse, in one line, a resume whose global batch would differ from the run's."""
     run = run_global_batch(state)

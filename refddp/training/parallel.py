@@ -168,6 +168,8 @@ def unreduced_parameters(ddp: DDP) -> list[nn.Parameter]:
 # them by index, on the next step's forward
 _UNUSED = "Expected to have finished reduction in the prior iteration"
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+# (with TORCH_DISTRIBUTED_DEBUG at INFO or DETAIL, DDP names them itself)
+_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: ([^\n]+)")
 
 
 def unused_parameters_line(error: BaseException, wrapped: nn.Module) -> str | None:
@@ -178,9 +180,11 @@ def unused_parameters_line(error: BaseException, wrapped: nn.Module) -> str | No
     text = str(error)
     if _UNUSED not in text:
         return None
-    found = _UNUSED_INDICES.search(text)
+    found, named = _UNUSED_INDICES.search(text), _UNUSED_NAMES.search(text)
     which = ""
-    if found:
+    if named:
+        which = f" ({', '.join(n.strip() for n in named.group(1).split(',') if n.strip())})"
+    elif found:
         ignored = getattr(wrapped, "parameters_to_ignore", None) or set()
         model = getattr(wrapped, "module", wrapped)
         names = [n for n, p in model.named_parameters() if p.requires_grad and n not in ignored]

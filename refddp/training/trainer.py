@@ -114,7 +114,7 @@ class Trainer:
         self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
         self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
         self.resumed_from = self._resume()
-        refuse_an_end_behind(c, self.pos.step, self.total_steps, self.resumed_from)
+        run_state.refuse_an_end_behind(c, self.pos.step, self.total_steps, self.resumed_from)
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
         # other ranks hold none, so the calls below need no rank check.
@@ -277,7 +277,7 @@ class Trainer:
             return steps.train_step(self, batches)
         except RuntimeError as exc:  # DDP's long error for unused parameters: one line
             unused = unused_parameters_line(exc, getattr(self.parallel, "wrapped", self.model))
-            if unused is None:
+            if unused is None or self.c.find_unused_parameters:  # (then DDP's own words)
                 raise
             raise ConfigError(unused) from None
 
@@ -362,7 +362,8 @@ class Trainer:
         # A stop interrupted the evaluation due at this step: it runs first. So does the final
         # one where a resume starts at the run's end (``max_steps`` or ``epochs`` lowered to
         # the step a stopped run had reached) and the run has not evaluated there yet.
-        at_its_end = pos.step == self.total_steps and pos.metrics.get("step") != pos.step
+        at_its_end = (0 < pos.step == self.total_steps  # (a fresh run of 0 epochs: no)
+                      and pos.metrics.get("step") != pos.step)  # fmt: skip
         stopping = (pos.eval_pending or at_its_end) and self.end_of_step(0, 0)
         profiler = StepProfiler(c.profile, c.out, ctx.rank, self.device) if c.profile else None
         if profiler is not None:
@@ -402,17 +403,3 @@ class Trainer:
             "metrics": pos.metrics,
         }
 
-
-def refuse_an_end_behind(
-    c: TrainConfig, step: int, total_steps: int, resumed_from: str | None
-) -> None:
-    """Refuse, in one line, a resume whose ``max_steps`` or ``epochs`` end the run before the
-    step it has reached: it would report that step as done, past the end it was given."""
-    if step <= total_steps:
-        return
-    field = "max_steps" if c.max_steps and c.max_steps < step else "epochs"
-    given = c.max_steps if field == "max_steps" else c.epochs
-    raise ConfigError(
-        f"{field}: {given} ends the run at step {total_steps}, but the run resumed from "
-        f"{resumed_from} is at step {step}; give a later end, or --resume never to start afresh"
-    )

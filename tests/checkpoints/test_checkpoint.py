@@ -4,6 +4,9 @@ import errno
 import inspect
 import logging
 import os
+import signal
+import subprocess
+import sys
 from collections import namedtuple
 
 import pytest
@@ -13,7 +16,7 @@ from torch import nn
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints.full import BEST, LATEST, PREVIOUS, write_checkpoint
-from refddp.checkpoints.run_files import RunFileError
+from refddp.checkpoints.run_files import RunFileError, hold_run_directory
 from refddp.checkpoints.run_state import (
     CheckpointError,
     check_model_compatible,
@@ -260,3 +263,30 @@ def test_a_state_without_gpu_tensors_is_written_as_it_is():
     model_state = nn.BatchNorm1d(2).state_dict()  # an OrderedDict with _metadata
     whole = {**state(), "model_state_dict": model_state, "rng": [torch.ones(1), (1, 2)]}
     assert on_cpu(whole) is whole
+
+
+HOLD_THEN_FORK = """
+import os, sys, time
+from refddp.checkpoints.run_files import hold_run_directory
+held = hold_run_directory(sys.argv[1])
+child = os.fork()
+if child == 0:  # a loader worker, forked from the run, which may outlive it for seconds
+    for fd in (1, 2):  # (the test reads the run's output to its end)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # the run ends
+"""
+
+
+def test_the_run_directory_lock_ends_with_its_process_not_with_the_children_it_forked(tmp_path):
+    done = subprocess.run([sys.executable, "-c", HOLD_THEN_FORK, str(tmp_path)],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    child = int(done.stdout)
+    try:
+        held = hold_run_directory(str(tmp_path))  # the rerun, while the worker still lives
+        assert held is not None
+        held.close()
+    finally:
+        os.kill(child, signal.SIGKILL)

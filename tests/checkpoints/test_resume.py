@@ -2,6 +2,7 @@
 
 import json
 import signal
+import socket
 import time
 
 import pytest
@@ -116,6 +117,8 @@ def test_a_resume_at_a_lowered_end_evaluates_there_and_one_below_the_step_is_ref
     assert refused.returncode == 2, refused.stderr
     assert ("error: max_steps: 4 ends the run at step 4, but the run resumed from "
             f"{stopped.out / 'checkpoints' / 'checkpoint_latest.pth'} is at step 6") in refused.stderr
+    assert "training mlp" not in refused.stderr, "refused before any rank starts"
+    assert yaml.safe_load((stopped.out / "config.yaml").read_text())["max_steps"] == 0
     resumed = run_cli("--max-steps", 6, out="run", **flags)
     assert "done: step 6, val_loss" in resumed.stderr
     assert evaluations(resumed.out) == evaluations(straight.out)
@@ -318,12 +321,12 @@ def test_a_second_run_on_a_run_directory_in_use_is_refused_and_the_first_goes_on
         first.kill()
     assert second.returncode == 2, second.stderr
     assert second.stderr.strip().splitlines() == [
-        f"error: out: {out} is in use by another training run (pid {first.pid}); wait for it "
-        "to end, stop it, or give another --out"
+        f"error: out: {out} is in use by another training run (pid {first.pid} on "
+        f"{socket.gethostname()}); wait for it to end, stop it, or give another --out"
     ]
     assert "stopped at step" in stderr, stderr
     steps = [h["step"] for h in history(out)]
     assert steps == sorted(set(steps)), "one run's history"
-    assert lock.read_text().strip() == str(first.pid)
+    assert lock.read_text().strip() == f"pid {first.pid} on {socket.gethostname()}"
     rerun = run(train_command(out, "--nproc", nproc, "--stop-after", 1, "--no-progress", **flags))
     assert rerun.returncode == 0, rerun.stderr  # the first run's lock went with it

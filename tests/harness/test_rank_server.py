@@ -119,6 +119,9 @@ class CutShort:
     def recv(self, size):
         raise KeyboardInterrupt
 
+    def close(self):
+        self.sock.close()
+
 
 def test_a_request_to_the_server_cut_short_gives_that_server_up(monkeypatch):
     # Its reply would otherwise answer the next request: a rank started with another's pid.

@@ -5,8 +5,10 @@ import os
 import subprocess
 
 import pytest
+import torch
 import yaml
 
+from refddp.training.parallel import unused_parameters_line
 from tests.cli_runs import error_lines, run, train_command
 from tests.torch_features import needs_fsdp2
 
@@ -47,6 +49,23 @@ def test_parameters_without_a_gradient_are_one_line_naming_them_and_the_flag(run
     assert line in (f"{said} (ranks 0, 1)", f"{said} (rank 0)", f"{said} (rank 1)"), line
     assert run_cli("--nproc", 2, "--find-unused-parameters", model=model, out="with_the_flag",
                    **tiny).returncode == 0  # fmt: skip
+
+
+DDP_UNUSED = ("Expected to have finished reduction in the prior iteration before starting a new "
+              "one. This error indicates that your module has parameters that were not used in "
+              "producing loss.\n")
+
+
+def test_the_unused_parameters_line_takes_ddps_own_names_where_it_gives_them():
+    # Under TORCH_DISTRIBUTED_DEBUG=INFO or DETAIL, DDP names them: those names, not indices.
+    model = torch.nn.Linear(2, 2)
+    named = (DDP_UNUSED + "Parameters which did not receive grad for rank 1: head.weight, "
+             "head.bias\nParameter indices which did not receive grad for rank 1: 0 1\n")  # fmt: skip
+    assert "no gradient in a step (head.weight, head.bias), " in unused_parameters_line(
+        RuntimeError(named), model)
+    indexed = DDP_UNUSED + "Parameter indices which did not receive grad for rank 0: 1\n"
+    assert "no gradient in a step (bias), " in unused_parameters_line(RuntimeError(indexed), model)
+    assert unused_parameters_line(RuntimeError("another error"), model) is None
 
 
 def no_space_left(path):

@@ -2572,7 +2572,8 @@ MUTANTS = (
     Mutant(
         "server-request-cut-short-keeps-the-server", "an interrupted task stops its pool",
         "refddp/testing/driver/rank_server.py",
-        "            self.proc.kill()\n            raise\n", "            raise\n",
+        "            self.proc.kill()\n            self.proc.wait()\n            self.sock.close()\n            raise\n",
+        "            raise\n",
         ("tests/harness/test_rank_server.py::test_a_request_to_the_server_cut_short_gives_that_server_up",),
     ),
     Mutant(
@@ -2607,25 +2608,25 @@ MUTANTS = (
     ),
     Mutant(
         "a-second-fault-left-unnamed", "the report says which fault fired where",
-        REPORTS, '        own = "".join(f" (injected: {line})" for line in fired.get(rank, ()))',
-        '        own = ""',
+        REPORTS, '        own = "".join(f" (injected: {line})" for line in fired.get(rank, ())\n',
+        '        own = "".join(f"" for line in ()\n',
         (f"{T_FAULTS}::test_several_faults_that_fire_are_each_named_with_the_rank_they_ended",),
     ),
     Mutant(
         "resume-at-a-lowered-end-not-evaluated", "a resume at a lowered end evaluates there",
-        TRAINER, "        at_its_end = pos.step == self.total_steps and pos.metrics.get(\"step\") != pos.step",
-        "        at_its_end = False",
+        TRAINER, "                      and pos.metrics.get(\"step\") != pos.step)",
+        "                      and False)",
         (T_LOWERED_END,),
     ),
     Mutant(
         "finished-run-evaluated-again-on-rerun", "a resume at a lowered end evaluates there",
-        TRAINER, "        at_its_end = pos.step == self.total_steps and pos.metrics.get(\"step\") != pos.step",
-        "        at_its_end = pos.step == self.total_steps",
+        TRAINER, "                      and pos.metrics.get(\"step\") != pos.step)",
+        "                      )",
         (T_LOWERED_END,),
     ),
     Mutant(
         "resume-past-its-end-taken", "a resume at a lowered end evaluates there",
-        TRAINER, "    if step <= total_steps:\n        return\n", "    if True:\n        return\n",
+        RUN_STATE, "    if step <= total_steps:\n        return\n", "    if True:\n        return\n",
         (T_LOWERED_END,),
     ),
     Mutant(
@@ -2663,6 +2664,20 @@ MUTANTS = (
         "unused = None",
         ("tests/launch/test_exit_codes.py::test_parameters_without_a_gradient_are_one_line_naming_them_and"
          "_the_flag",),
+    ),
+    Mutant(
+        "run-directory-lock-passed-to-forked-workers", "a second run on a run directory in use is refused",
+        RUN_FILES, "        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        ("tests/checkpoints/test_checkpoint.py::test_the_run_directory_lock_ends_with_its_process_not_with"
+         "_the_children_it_forked",),
+    ),
+    Mutant(
+        "ddps-own-names-of-unused-parameters-dropped", "bad input is one line",
+        PARALLEL, "    found, named = _UNUSED_INDICES.search(text), _UNUSED_NAMES.search(text)",
+        "    found, named = _UNUSED_INDICES.search(text), None",
+        ("tests/launch/test_exit_codes.py::test_the_unused_parameters_line_takes_ddps_own_names_where_it"
+         "_gives_them",),
     ),
     *ISSUE_48,
 )

@@ -180,7 +180,8 @@ def test_a_resumed_run_that_skipped_every_step_before_and_after_the_stop_ends_ex
     shorter = run_cli("--max-steps", 5, check=False, **flags)  # at its end already
     assert shorter.returncode == 1, shorter.stderr
     assert "step 5: the run has ended and all 5 of its steps were skipped" in shorter.stderr
-    done = run_cli(check=False, **flags)  # skips 6-12: 7 in this invocation, 12 in the run
+    # (--max-steps 5 was recorded with the evaluation at its end: 0 lifts it)
+    done = run_cli("--max-steps", 0, check=False, **flags)  # skips 6-12: 7 here, 12 in the run
     assert done.returncode == 1, done.stderr
     assert "step 12: the run has ended and all 12 of its steps were skipped" in done.stderr
 

@@ -134,8 +134,7 @@ class RankServer:
         try:
             self._call(None)  # the server answers once its imports are done
         except BaseException:  # a timeout too (OSError): the pool's ranks start afresh
-            self.proc.wait()  # (killed by _call)
-            raise
+            raise  # (_call has stopped the server)
         self.sock.settimeout(None)
 
     def _call(self, request: Any, fds: Sequence[int] = ()) -> Any:
@@ -146,6 +145,8 @@ class RankServer:
             # Cut short (Ctrl-C, a deadline's exception): the reply, if it came later, would
             # answer the next request, so this server is given up (a new one starts).
             self.proc.kill()
+            self.proc.wait()
+            self.sock.close()
             raise
         if not data:
             raise OSError(f"the rank server exited ({self.proc.wait()})")

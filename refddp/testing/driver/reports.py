@@ -313,7 +313,8 @@ def blame(
             continue
         reply, slot = replies.get(rank), slots[rank]
         # A fault of its own fired too (several in one task): said, as what ended this rank
-        own = "".join(f" (injected: {line})" for line in fired.get(rank, ()))
+        own = "".join(f" (injected: {line})" for line in fired.get(rank, ())
+                      if not line.startswith("delay "))  # (a delay ends no rank)
         if reply is None and slot.inside:
             victims.append(f"rank {rank}: waiting on rank {cause} in {slot.last}{own}")
         elif reply is None:

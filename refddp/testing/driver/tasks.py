@@ -221,6 +221,8 @@ def _interrupted(pool: Any, interruption: BaseException, offsets: list[int]) -> 
                         f"{str(interruption).strip()[:200]}) while the ranks ran it")  # fmt: skip
             stacks = pool.files.dump_stacks(running)
             print(pool.files.report(headline, {}, stacks, offsets), file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - the interruption is what the caller must see
+        print(f"refddp: the ranks' stacks could not be read: {exc!r}", file=sys.stderr)
     finally:
         pool.close(busy=range(pool.world_size))
 

@@ -87,7 +87,10 @@ def _import_test_modules(sys_path: list[str], modules: list[tuple[str, str | Non
     # The driver's path, then this process's own, less the directory it started in (``-m``
     # put it first): a module there that the driver cannot see must not shadow the driver's
     # (a stray ``tests.py`` in the directory pytest was started from, say).
-    started_in = ("", os.getcwd())
+    try:
+        started_in = ("", os.getcwd())
+    except OSError:  # the directory is gone (a test's temporary one): nothing to leave out
+        started_in = ("",)
     sys.path[:] = sys_path + [p for p in sys.path if p not in sys_path and p not in started_in]
     with _loading_driver_modules():
         for name, file in modules:
