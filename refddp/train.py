@@ -103,9 +103,8 @@ def preflight(c: TrainConfig, world_size: int, resumed: Resumed) -> None:
         n_train, n_val = len(train), len(val)  # type: ignore[arg-type]
     global_batch = batch * world_size * c.grad_accum
     if resumed is not None and c.task == "train":  # before config.yaml records a refused end
-        epoch_steps = c.epochs * (n_train // global_batch)
-        total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
-        run_state.refuse_an_end_behind(c, resumed[1]["step"], total_steps, resumed[0])
+        ends_at = run_state.total_steps(c, n_train // global_batch)  # (the sampler's count)
+        run_state.refuse_an_end_behind(c, resumed[1]["step"], ends_at, resumed[0])
     if c.task == "train" and n_train < global_batch:
         raise ConfigError(
             f"data: {n_train} training samples for {world_size} rank(s) do not fill one global "

@@ -129,6 +129,12 @@ def continue_run(
     return dataclasses.replace(c, global_batch_size=run)
 
 
+def total_steps(c: TrainConfig, steps_per_epoch: int) -> int:
+    """The step a run ends at: ``epochs`` of ``steps_per_epoch``, or ``max_steps`` if sooner."""
+    epoch_steps = c.epochs * steps_per_epoch
+    return min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
+
+
 def refuse_an_end_behind(c: TrainConfig, step: int, total_steps: int, resumed_from: Any) -> None:
     """Refuse, in one line, a resume whose ``max_steps`` or ``epochs`` end the run before the
     step it has reached: it would report that step as done, past the end it was given."""

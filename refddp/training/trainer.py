@@ -83,8 +83,7 @@ class Trainer:
                 f"data: ranks see different training set sizes ({int(-extremes[0])} to "
                 f"{int(extremes[1])} steps per epoch); every rank must load the same dataset"
             )
-        epoch_steps = c.epochs * self.sampler.steps_per_epoch
-        self.total_steps = min(epoch_steps, c.max_steps) if c.max_steps else epoch_steps
+        self.total_steps = run_state.total_steps(c, self.sampler.steps_per_epoch)
         if c.init_from:  # weights only, read by rank 0: the wrapper below gives them to all
             rank0_then_meet(lambda: ckpt.load_model_weights(
                 self.model, ckpt.load_checkpoint(c.init_from), c.init_from))  # fmt: skip
@@ -114,6 +113,7 @@ class Trainer:
         self.several = ctx.world_size > 1  # ranks to agree with, and to wait for
         self.sample_scales: dict[torch.dtype, torch.Tensor] = {}  # sample_scale's
         self.resumed_from = self._resume()
+        # (refddp's launcher refused it already; under plain torchrun or srun it is refused here)
         run_state.refuse_an_end_behind(c, self.pos.step, self.total_steps, self.resumed_from)
         self.window = self.open_window(self.pos.window)
         # Rank 0's trackers (--log-to; history.jsonl always), continuing from this step; the
@@ -402,4 +402,3 @@ class Trainer:
             "skipped_steps": pos.skipped_steps,
             "metrics": pos.metrics,
         }
-

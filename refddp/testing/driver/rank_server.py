@@ -131,10 +131,9 @@ class RankServer:
         theirs.close()
         self.sock = ours
         self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            self._call(None)  # the server answers once its imports are done
-        except BaseException:  # a timeout too (OSError): the pool's ranks start afresh
-            raise  # (_call has stopped the server)
+        # The server answers once its imports are done; a timeout (OSError) or an interruption
+        # stops it there (``_call``), and the pool's ranks start afresh.
+        self._call(None)
         self.sock.settimeout(None)
 
     def _call(self, request: Any, fds: Sequence[int] = ()) -> Any:
