@@ -6,6 +6,8 @@
 # (the device tool's folder; /tmp/gpu_lease elsewhere). Run from the repository root, on a
 # machine whose python3 has torch with CUDA, transformers, pytest-xdist and hypothesis.
 # SUITE=0 skips the suite; TAG=_x names the results gpu_..._x (a second run in one lease).
+# GPT-2 124M's two runs end with one profiled block of each loop (traces.tgz). The logs go
+# into logs.tgz: the device tool returns at most 8 files.
 set -u
 OUT=${OUT:-/tmp/gpu_lease}
 TAG=${TAG:-}
@@ -24,6 +26,7 @@ if [ "${SUITE:-1}" != 0 ]; then
 fi
 bench() {  # NAME TIMEOUT ARGS...: step_overhead.py, its result kept in $OUT
     local name=$1$TAG limit=$2; shift 2
+    case $name in gpu_gpt2_124m*) set -- "$@" --profile "$OUT/traces/$name" ;; esac
     echo "== $name: step_overhead.py $*"
     timeout "$limit" python3 benchmarks/step_overhead.py --device cuda --ranks 1 --name "$name" "$@" \
         >"$OUT/$name.log" 2>&1
@@ -33,3 +36,6 @@ bench() {  # NAME TIMEOUT ARGS...: step_overhead.py, its result kept in $OUT
 bench gpu_gpt2_124m_bf16 150 --models gpt2_124m --amp bf16 --blocks 20 --steps 8
 bench gpu_gpt2_124m_bf16_compile 300 --models gpt2_124m --amp bf16 --compile --blocks 20 --steps 8
 bench gpu_step_overhead_small 120 --models demo,gpt2 --blocks 20 --steps 16
+(cd "$OUT" && tar czf logs.tgz machine.txt ./*.log && rm -f ./*.log)
+[ -d "$OUT/traces" ] && (cd "$OUT" && tar czf traces.tgz traces && rm -rf traces)
+ls -la "$OUT"

@@ -2,6 +2,7 @@
 
     python benchmarks/step_overhead.py [--blocks 40] [--steps 16] [--models demo,large] [--ranks 1,2]
                                        [--device cuda] [--variant FLAGS] [--amp bf16] [--compile]
+                                       [--unread] [--profile DIR]
 
 trainer_overhead.py compares whole runs, whose throughput on this shared 2-core machine moves
 by 20-30% from one run to the next: more than the overhead it looks for. Here each rank holds
@@ -30,6 +31,11 @@ counted in its own block. ``--variant FLAGS``: a third loop, refddp's with FLAGS
 plain loop ``torch.autocast`` around the forward and the loss and ``torch.compile`` of the
 (DDP-wrapped) model, as refddp does them. GPT-2 small on one GPU (issue 47's bar):
 ``--device cuda --ranks 1 --models gpt2_124m --amp bf16 [--compile] --blocks 10 --steps 8``.
+
+``--unread`` (one rank): a third loop, refddp's step with its one host read replaced by
+constants, which applies every update whatever its gradient: a bound on what the read costs,
+not a step refddp could take. ``--profile DIR``: after the timed blocks, one more block of each
+loop under ``torch.profiler``, its trace and its operators' host times to DIR/MODEL/.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from torch.utils.data import DistributedSampler
 
 from refddp.config.command_line import merge, parse_cli
 from refddp.launch.dist import init_distributed
+from refddp.training.step_agreement import Agreed
 from refddp.training.trainer import Trainer
 from refddp.training.watchdog import HangWatchdog
 
@@ -83,10 +90,22 @@ def rank_main(model_name: str, args: argparse.Namespace, out: str) -> None:
         trainers = {"refddp": Trainer(c, ctx, watchdog)}
         if variant:
             trainers["variant"] = Trainer(config(shlex.split(variant)), ctx, watchdog)
+        if args.unread:
+            trainers["unread"] = unread(Trainer(c, ctx, watchdog))
         times, faults = measure(trainers, job, torch.device(ctx.device), world, rank, args)
     if rank == 0:
         print(json.dumps({"times": times, "faults": faults}), flush=True)
     dist.destroy_process_group()
+
+
+def unread(trainer: Trainer) -> Trainer:
+    """``trainer`` with its step's one host read replaced by constants (a finite norm, no
+    loss, no signal): a bound on what that read costs, not a valid step (the update is
+    applied whatever the gradient). One process only."""
+    agreement = trainer.agreement
+    assert not agreement.several, "--unread measures one process"
+    agreement.read = lambda grad_norm=None: Agreed(float(agreement._sent[0]), 0.0, 0, 1.0)
+    return trainer
 
 
 def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world: int,
@@ -172,7 +191,31 @@ def measure(trainers: dict[str, Trainer], job: Job, device: torch.device, world:
                 times[name].append(t)
                 faults[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                                      - before) / steps)  # fmt: skip
+    if args.profile and rank == 0:
+        profile(loops, args.profile)
     return times, faults
+
+
+def profile(loops: list, folder: str) -> None:
+    """One more block of each loop under ``torch.profiler``: its trace (chrome format, gzipped)
+    and its operators' host time, to ``folder``. Not timed: the profiler slows the host."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity
+
+    os.makedirs(folder, exist_ok=True)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
+    for name, run in loops:
+        with torch.profiler.profile(activities=activities) as prof:
+            run()
+        trace = os.path.join(folder, f"{name}.json")
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as raw, gzip.open(trace + ".gz", "wb") as packed:
+            shutil.copyfileobj(raw, packed)
+        os.remove(trace)
+        with open(os.path.join(folder, f"{name}.txt"), "w") as table:
+            table.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
 
 
 def main() -> None:
@@ -186,6 +229,9 @@ def main() -> None:
     parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="both loops")
     parser.add_argument("--compile", action="store_true", help="torch.compile both loops' model")
     parser.add_argument("--name", default="step_overhead", help="results/NAME.json")
+    parser.add_argument("--unread", action="store_true",
+                        help="a loop of refddp's step without its host read (a bound; one rank)")
+    parser.add_argument("--profile", metavar="DIR", help="then one block of each loop profiled, to DIR")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
@@ -202,6 +248,8 @@ def main() -> None:
                        "--blocks", str(args.blocks), "--steps", str(args.steps),
                        "--device", args.device, "--variant", args.variant, "--amp", args.amp,
                        *(["--compile"] if args.compile else []),
+                       *(["--unread"] if args.unread else []),
+                       *(["--profile", os.path.join(args.profile, model)] if args.profile else []),
                        "--rank-main", model, out]  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                                       cwd=os.path.dirname(HERE))  # fmt: skip
@@ -232,6 +280,10 @@ def main() -> None:
                 entry["variant_throughput_vs_plain"] = med["plain"] / med["variant"]
                 rows[-1] += (f" | variant ({args.variant}) {med['variant'] * 1e3:7.3f} ms, "
                              f"{entry['variant_throughput_vs_plain']:.3f}x")  # fmt: skip
+            if "unread" in med:
+                entry["unread_throughput_vs_plain"] = med["plain"] / med["unread"]
+                rows[-1] += (f" | unread {med['unread'] * 1e3:7.3f} ms, "
+                             f"{entry['unread_throughput_vs_plain']:.3f}x")  # fmt: skip
             print(rows[-1], flush=True)
     header = (f"median time per training step, {args.blocks} alternating blocks of {args.steps} steps "
               f"per loop, in one process per rank ({args.device}, amp {args.amp}, "
