@@ -359,6 +359,13 @@ def _point(link: str, target: str) -> None:
     os.replace(tmp, link)
 
 
+def forget(checkpoints: str, keep: tuple[str, ...] = ()) -> None:
+    run_files.remove_names(checkpoints, [n for n in (LATEST, PREVIOUS, BEST) if n not in keep])
+    with run_files.writing(checkpoints):
+        if os.path.isdir(checkpoints):
+            _remove_unlinked(checkpoints)  # the step directories the links named
+
+
 def _remove_unlinked(directory: str) -> None:
     """Delete step directories no link names any more (older checkpoints)."""
     kept = {os.readlink(os.path.join(directory, link)) for link in (LATEST, PREVIOUS, BEST)

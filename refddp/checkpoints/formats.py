@@ -52,6 +52,11 @@ class CheckpointFormat(Protocol):
         it; the latest's path on rank 0."""
         ...
 
+    def forget(self, checkpoints: str, keep: tuple[str, ...] = ()) -> None:
+        """Remove its latest, previous and best checkpoints in ``checkpoints`` but those named
+        in ``keep``: on one process, after a fresh run's first save (``forget_earlier_run``)."""
+        ...
+
     def load_run_state(self, path: str) -> dict[str, Any]:
         """The checkpoint at ``path``, as ``restore`` takes it; every problem one line."""
         ...
@@ -78,6 +83,18 @@ def every() -> list[CheckpointFormat]:
 def plain() -> CheckpointFormat:
     """The plain file: the format every checkpoint converts to."""
     return named(NAMES[0])
+
+
+def forget_earlier_run(written: CheckpointFormat, checkpoints: str, is_best: bool) -> None:
+    """After a fresh run's first checkpoint (``written``'s) is in place: remove every format's
+    latest, previous and best that an earlier run in the same ``--out`` left, so that none is
+    taken for this run's (a resume's fallback from a damaged latest to the previous one, into
+    which that first save moved the earlier run's latest; ``checkpoint_best``; another
+    format's latest at a later step). Only then: a fresh run killed before its first save
+    leaves the earlier run's checkpoints as they were."""
+    for fmt in every():
+        keep = () if fmt is not written else (fmt.LATEST, *([fmt.BEST] if is_best else []))
+        fmt.forget(checkpoints, keep)
 
 
 def owning(path: str) -> CheckpointFormat:

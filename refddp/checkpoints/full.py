@@ -25,6 +25,7 @@ from refddp.checkpoints.run_files import (
     checkpoint_dir,
     fsync_path,
     link_or_copy,
+    remove_names,
     remove_stale_temp_files,
     save_atomic,
     writing,
@@ -74,6 +75,10 @@ def write_checkpoint(state: dict[str, Any], out: str, is_best: bool) -> str:
     with writing(directory):
         fsync_path(directory)
     return latest
+
+
+def forget(checkpoints: str, keep: tuple[str, ...] = ()) -> None:
+    remove_names(checkpoints, [name for name in (LATEST, PREVIOUS, BEST) if name not in keep])
 
 
 def on_cpu(tree: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:

@@ -188,6 +188,15 @@ def _without_crc32() -> Iterator[None]:
         torch.serialization.set_crc32_options(crc32)
 
 
+def remove_names(directory: str, names: list[str]) -> None:
+    """Remove the files (or links) ``names`` in ``directory`` where they exist."""
+    with writing(directory):
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.lexists(path):
+                os.remove(path)
+
+
 def link_or_copy(src: str, dst: str) -> None:
     """Point the checkpoint file ``dst`` at ``src``'s bytes atomically (a hard link; a copy
     where links fail)."""

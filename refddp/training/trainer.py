@@ -22,6 +22,7 @@ from tqdm import tqdm
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
 from refddp.checkpoints import run_state
+from refddp.checkpoints.run_files import checkpoint_dir
 from refddp.checkpoints.run_state import CheckpointError, rng_state
 from refddp.config.schema import ConfigError, TrainConfig
 from refddp.config.validation import list_items, per_rank_batch_size
@@ -145,6 +146,8 @@ class Trainer:
                 f"resume: ranks found different checkpoints ({seen}); every rank resumes from "
                 "rank 0's: give rank 0 the checkpoint (a shared --out, or --resume PATH)"
             )
+        # A fresh run's first save finds an earlier run's checkpoints in --out, if any (``save``).
+        self.saves_fresh = found[0] is None  # (every rank alike: rank 0's, gathered)
         shared = [mine if ctx.is_main else None]
         if found[0] is not None and ctx.world_size > 1:
             dist.broadcast_object_list(shared, src=0)
@@ -176,6 +179,10 @@ class Trainer:
                                       self.sampler.steps_per_epoch, per_rank,
                                       tensors=fmt.GATHERS_TENSORS)  # fmt: skip
         fmt.write(state, self.parts, self.c.out, is_best)
+        fresh, self.saves_fresh = self.saves_fresh, False
+        if fresh:  # none of an earlier run's checkpoints is left to be taken for this run's
+            directory = checkpoint_dir(self.c.out)
+            rank0_then_meet(lambda: checkpoint_formats.forget_earlier_run(fmt, directory, is_best))
         if self.watchdog:
             self.watchdog.progress()
         return self.settle()

@@ -1,6 +1,7 @@
 """Resume continues the same run or refuses in one line; stops lose nothing (real CLI)."""
 
 import json
+import os
 import signal
 import socket
 import time
@@ -101,7 +102,7 @@ def test_a_stop_at_an_epoch_end_or_the_last_step_loses_no_evaluation(run_cli, ti
     assert_same_weights(resumed.weights(BEST), straight.weights(BEST))
 
 
-BEST = "checkpoint_best.pth"
+BEST, LATEST = "checkpoint_best.pth", "checkpoint_latest.pth"
 
 
 @pytest.mark.slow  # CLI runs: ~15 s
@@ -140,6 +141,29 @@ def test_init_from_starts_a_new_run_from_the_weights_only(run_cli, tiny):
     assert adam_steps == {24}, "a fresh optimizer"
     with pytest.raises(AssertionError):
         assert_same_weights(tuned.weights(), fresh.weights())
+
+
+@pytest.mark.slow  # CLI runs: ~20 s
+def test_a_fresh_run_in_a_used_directory_leaves_none_of_the_earlier_runs_checkpoints(run_cli, tiny):
+    # An earlier run (steps 4 and 8 saved) in the plain file: a fresh run's first save used
+    # to move its latest into checkpoint_previous, so a damaged latest then resumed the
+    # earlier run, and its checkpoint_best stayed until the fresh run's first best.
+    run_cli("--max-steps", 8, "--eval-every", 4, out="run", **tiny)
+    fresh = run_cli("--max-steps", 4, "--eval-every", 4, "--resume", "never", out="run", **tiny)
+    checkpoints = fresh.out / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == [BEST, LATEST]
+    assert torch.load(checkpoints / BEST, weights_only=True)["step"] == 4
+    (checkpoints / LATEST).write_bytes(b"damaged")
+    damaged = run_cli("--max-steps", 8, out="run", check=False, **tiny)
+    assert damaged.returncode != 0 and "checkpoint_latest.pth: corrupt" in damaged.stderr
+    assert "resumed" not in damaged.stderr, "nothing of the earlier run to fall back to"
+    # An earlier run in the dcp format, at a later step (12) than the fresh run's: auto
+    # resume takes the newest of every format's latest, which was the earlier run's.
+    run_cli("--max-steps", 12, "--eval-every", 4, "--ckpt-format", "dcp", out="dcp", **tiny)
+    fresh = run_cli("--max-steps", 4, "--eval-every", 4, "--resume", "never", out="dcp", **tiny)
+    assert sorted(os.listdir(fresh.out / "checkpoints")) == [BEST, LATEST], "no dcp one left"
+    resumed = run_cli("--max-steps", 8, "--eval-every", 4, out="dcp", **tiny)
+    assert "at epoch 0, step 4" in resumed.stderr, "the fresh run's own latest"
 
 
 def test_init_from_a_checkpoint_of_another_model_is_refused_before_any_rank(run_cli, tiny):

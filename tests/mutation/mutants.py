@@ -104,6 +104,8 @@ T_SAME_RANKS = (f"{T_FINGERPRINT}::test_two_groups_over_the_same_ranks_are_told_
                 "names_in_seconds")
 T_SPACE = "tests/harness/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
+T_FRESH_RUN = ("tests/checkpoints/test_resume.py::test_a_fresh_run_in_a_used_directory_leaves_none_of_the"
+               "_earlier_runs_checkpoints")
 T_LOWERED_END = ("tests/checkpoints/test_resume.py::test_a_resume_at_a_lowered_end_evaluates_there_and_one"
                  "_below_the_step_is_refused")
 ISSUE_48 = [
@@ -2664,6 +2666,16 @@ MUTANTS = (
         "unused = None",
         ("tests/launch/test_exit_codes.py::test_parameters_without_a_gradient_are_one_line_naming_them_and"
          "_the_flag",),
+    ),
+    Mutant(
+        "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",
+        TRAINER, "        fresh, self.saves_fresh = self.saves_fresh, False",
+        "        fresh, self.saves_fresh = False, False", (T_FRESH_RUN,),
+    ),
+    Mutant(
+        "fresh-run-forgets-its-own-format-only", "a fresh run takes none of an earlier run's checkpoints",
+        "refddp/checkpoints/formats.py", "    for fmt in every():\n        keep =",
+        "    for fmt in [written]:\n        keep =", (T_FRESH_RUN,),
     ),
     Mutant(
         "run-directory-lock-passed-to-forked-workers", "a second run on a run directory in use is refused",
