@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -323,6 +325,28 @@ class LoaderFallback(DataLoader):
             return super().__iter__()
 
 
+class StartLoader(DataLoader):
+    """A DataLoader whose workers start as ``--worker-start spawn`` or ``forkserver`` says:
+    such a worker gets the dataset pickled, and one that does not pickle (a lock, a lambda, a
+    class defined in ``__main__``) is one line naming the option, not multiprocessing's
+    traceback (``auto`` forks instead: ``LoaderFallback``)."""
+
+    def __iter__(self) -> Any:
+        try:
+            with warnings.catch_warnings():  # torch's own warning of it: the line below says it
+                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
+                return super().__iter__()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if self.multiprocessing_context is None or "pickle" not in str(exc):
+                raise
+            method = self.multiprocessing_context.get_start_method()
+            raise ConfigError(
+                f"worker_start: {method} starts each loader worker with the dataset pickled, "
+                f"and it does not pickle ({type(exc).__name__}: {exc}); give --worker-start "
+                "fork or auto, or a dataset that pickles"
+            ) from None
+
+
 def make_loader(
     dataset: Dataset, sampler: Sampler, batch_size: int, c: TrainConfig, pin: bool, seed: int
 ) -> DataLoader:
@@ -330,7 +354,8 @@ def make_loader(
     epoch; worker seeds (Python, numpy) come from ``seed``; workers started as
     ``worker_start_method`` says."""
     method = worker_start_method(c)
-    loader = DataLoader if method is None or c.worker_start != "auto" else LoaderFallback
+    loader = LoaderFallback if c.worker_start == "auto" else StartLoader
+    loader = DataLoader if method is None else loader
     return loader(
         SeededFetch(dataset, c.seed, getattr(sampler, "epoch", 0)),
         batch_size=batch_size,

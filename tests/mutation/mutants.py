@@ -104,6 +104,8 @@ T_SAME_RANKS = (f"{T_FINGERPRINT}::test_two_groups_over_the_same_ranks_are_told_
                 "names_in_seconds")
 T_SPACE = "tests/harness/test_collective_space.py"
 GROUPS_TRACED = "collectives called on a process-group object are traced"
+T_EXPLICIT_START = ("tests/workload/test_worker_start.py::test_a_dataset_that_does_not_pickle_under_an_explicit"
+                    "_start_is_one_line_naming_the_option")
 T_FRESH_RUN = ("tests/checkpoints/test_resume.py::test_a_fresh_run_in_a_used_directory_leaves_none_of_the"
                "_earlier_runs_checkpoints")
 T_LOWERED_END = ("tests/checkpoints/test_resume.py::test_a_resume_at_a_lowered_end_evaluates_there_and_one"
@@ -2666,6 +2668,16 @@ MUTANTS = (
         "unused = None",
         ("tests/launch/test_exit_codes.py::test_parameters_without_a_gradient_are_one_line_naming_them_and"
          "_the_flag",),
+    ),
+    Mutant(
+        "unpicklable-dataset-traceback-under-an-explicit-start", "bad input is one line",
+        DATA, '    loader = LoaderFallback if c.worker_start == "auto" else StartLoader',
+        '    loader = LoaderFallback if c.worker_start == "auto" else DataLoader', (T_EXPLICIT_START,),
+    ),
+    Mutant(
+        "torchs-pickle-warning-beside-the-line", "bad input is one line",
+        DATA, '                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)',
+        "                pass", (T_EXPLICIT_START,),
     ),
     Mutant(
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",

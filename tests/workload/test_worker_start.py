@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, SequentialSampler
 
-from refddp.config.schema import TrainConfig
+from refddp.config.schema import ConfigError, TrainConfig
 from refddp.workload import data
 
 
@@ -100,3 +100,18 @@ def test_a_dataset_workers_cannot_get_from_a_forkserver_loads_through_forked_one
     monkeypatch.setattr(data, "_fork_instead", None)
     with pytest.raises(Exception):  # noqa: B017 - asked for by name: no fallback
         parents(dataset(), worker_start="forkserver")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("dataset", [Unpicklable, HoldsAModuleLambda])
+def test_a_dataset_that_does_not_pickle_under_an_explicit_start_is_one_line_naming_the_option(
+    recwarn, method, dataset
+):
+    # It was multiprocessing's traceback (and torch's warning), on every rank.
+    with pytest.raises(ConfigError) as raised:
+        parents(dataset(), worker_start=method)
+    said = str(raised.value)
+    assert said.startswith(f"worker_start: {method} starts each loader worker with the dataset "
+                           "pickled, and it does not pickle (") and "\n" not in said  # fmt: skip
+    assert said.endswith("give --worker-start fork or auto, or a dataset that pickles")
+    assert not [w for w in recwarn if "pickle" in str(w.message)], "the line says it once"
