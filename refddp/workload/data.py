@@ -143,38 +143,47 @@ def from_tensor_file(c: TrainConfig) -> tuple[TensorPairDataset, TensorPairDatas
     if not isinstance(blob, dict):
         raise ConfigError(f"data: {path} must hold a dict with x and y tensors")
     if {"train_x", "train_y", "val_x", "val_y"} <= blob.keys():
-        pairs = [(blob["train_x"], blob["train_y"]), (blob["val_x"], blob["val_y"])]
+        train = _checked_pair(blob, "train_x", "train_y", path, c)
+        val = _checked_pair(blob, "val_x", "val_y", path, c)
     elif {"x", "y"} <= blob.keys():
-        x, y = blob["x"], blob["y"]
-        n_val = max(1, len(x) // 10) if isinstance(x, torch.Tensor) else 0
-        pairs = [(x[:-n_val], y[:-n_val]), (x[-n_val:], y[-n_val:])]
+        x, y = _checked_pair(blob, "x", "y", path, c)
+        n_val = max(1, len(x) // 10)
+        train, val = (x[:-n_val], y[:-n_val]), (x[-n_val:], y[-n_val:])
     else:
         raise ConfigError(
             f"data: {path} must hold keys x, y (or train_x, train_y, val_x, val_y); "
             f"found {', '.join(sorted(map(str, blob))) or 'none'}"
         )
-    out = []
-    for x, y in pairs:
-        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-            raise ConfigError(f"data: x and y in {path} must be tensors")
-        if not x.is_floating_point() or x.dim() != 2 or x.shape[1] != c.input_dim:
-            raise ConfigError(
-                f"data: x in {path} must be a float tensor of shape (N, input_dim="
-                f"{c.input_dim}), got {str(x.dtype)[6:]} {tuple(x.shape)}"
-            )
-        if y.dtype != torch.int64 or y.dim() != 1 or len(y) != len(x):
-            raise ConfigError(
-                f"data: y in {path} must be an int64 tensor of shape ({len(x)},), "
-                f"got {str(y.dtype)[6:]} {tuple(y.shape)}"
-            )
-        if len(y) and (y.min() < 0 or y.max() >= c.num_classes):
-            raise ConfigError(
-                f"data: labels in {path} must lie in [0, num_classes={c.num_classes})"
-                f", found {int(y.min())}..{int(y.max())}"
-            )
-        out.append(TensorPairDataset(x.to(getattr(torch, c.dtype)), y))
+    dtype = getattr(torch, c.dtype)
+    out = [TensorPairDataset(x.to(dtype), y) for x, y in (train, val)]
     out[0].noise = c.augment  # training samples only
     return out[0], out[1]
+
+
+def _checked_pair(blob: dict, x_key: str, y_key: str, path: str,
+                  c: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``blob[x_key], blob[y_key]`` if they are a float (N, input_dim) tensor and N int64
+    labels in [0, num_classes) or the loss's ignore index (-100); else one line naming them."""
+    x, y = blob[x_key], blob[y_key]
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ConfigError(f"data: {x_key} and {y_key} in {path} must be tensors")
+    if not x.is_floating_point() or x.dim() != 2 or x.shape[1] != c.input_dim:
+        raise ConfigError(
+            f"data: {x_key} in {path} must be a float tensor of shape (N, input_dim="
+            f"{c.input_dim}), got {str(x.dtype)[6:]} {tuple(x.shape)}"
+        )
+    if y.dtype != torch.int64 or y.dim() != 1 or len(y) != len(x):
+        raise ConfigError(
+            f"data: {y_key} in {path} must be an int64 tensor of shape ({len(x)},) (one label "
+            f"for each row of {x_key}), got {str(y.dtype)[6:]} {tuple(y.shape)}"
+        )
+    labels = y[y != IGNORE_INDEX]
+    if len(labels) and (labels.min() < 0 or labels.max() >= c.num_classes):
+        raise ConfigError(
+            f"data: labels in {y_key} of {path} must lie in [0, num_classes={c.num_classes}) "
+            f"or be {IGNORE_INDEX} (ignored), found {int(labels.min())}..{int(labels.max())}"
+        )
+    return x, y
 
 
 def build_datasets(config: TrainConfig | dict[str, Any]) -> tuple[Dataset, Dataset]:

@@ -68,7 +68,7 @@ def test_data_file_with_wrong_shapes(capsys, tmp_path):
     expect_usage_error(
         capsys,
         ["--data", str(path), "--out", str(tmp_path)],
-        "must be a float tensor of shape (N, input_dim=32), got float32 (18, 3)",
+        f"data: x in {path} must be a float tensor of shape (N, input_dim=32), got float32 (20, 3)",
     )
 
 

@@ -2680,6 +2680,22 @@ MUTANTS = (
         "                pass", (T_EXPLICIT_START,),
     ),
     Mutant(
+        "tensor-file-ignored-labels-refused", "a .pt data file is checked as the user wrote it",
+        DATA, "    labels = y[y != IGNORE_INDEX]", "    labels = y",
+        ("tests/workload/test_data.py::test_tensor_file_labels_may_be_the_ignored_index",),
+    ),
+    Mutant(
+        "tensor-file-checked-after-its-split", "a .pt data file is checked as the user wrote it",
+        DATA, '''        x, y = _checked_pair(blob, "x", "y", path, c)
+        n_val = max(1, len(x) // 10)
+        train, val = (x[:-n_val], y[:-n_val]), (x[-n_val:], y[-n_val:])''',
+        '''        x, y = blob["x"], blob["y"]
+        n_val = max(1, len(x) // 10)
+        train = _checked_pair({"x": x[:-n_val], "y": y[:-n_val]}, "x", "y", path, c)
+        val = _checked_pair({"x": x[-n_val:], "y": y[-n_val:]}, "x", "y", path, c)''',
+        ("tests/commands/test_bad_input.py::test_data_file_with_wrong_shapes",),
+    ),
+    Mutant(
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",
         TRAINER, "        fresh, self.saves_fresh = self.saves_fresh, False",
         "        fresh, self.saves_fresh = False, False", (T_FRESH_RUN,),

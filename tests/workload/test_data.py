@@ -195,15 +195,39 @@ def test_tensor_file_with_x_and_y_splits_off_validation(tmp_path):
         ),
         (
             {"x": torch.randn(10, 4), "y": torch.full((10,), 7)},
-            r"labels .* must lie in \[0, num_classes=4\), found 7..7",
+            r"labels in y of .* must lie in \[0, num_classes=4\) or be -100 \(ignored\), found 7..7",
         ),
         ({"inputs": torch.randn(10, 4)}, r"must hold keys x, y .*; found inputs"),
+        (  # the file's own shape and names, not those of the split made from it
+            {"x": torch.randn(10, 4), "y": torch.zeros(9, dtype=torch.int64)},
+            r"y in .* must be an int64 tensor of shape \(10,\) \(one label for each row of x\), "
+            r"got int64 \(9,\)$",
+        ),
+        (
+            {"train_x": torch.randn(10, 4), "train_y": torch.zeros(10, dtype=torch.int64),
+             "val_x": torch.randn(3, 5), "val_y": torch.zeros(3, dtype=torch.int64)},
+            r"val_x in .* must be a float tensor of shape \(N, input_dim=4\), got float32 \(3, 5\)$",
+        ),
+        (
+            {"train_x": torch.randn(10, 4), "train_y": torch.tensor([-100] * 9 + [-1]),
+             "val_x": torch.randn(3, 4), "val_y": torch.zeros(3, dtype=torch.int64)},
+            r"labels in train_y of .* must lie in \[0, num_classes=4\) or be -100 \(ignored\), "
+            r"found -1..-1$",
+        ),
     ],
 )
 def test_tensor_file_with_wrong_shapes_or_dtypes_is_named(tmp_path, tensors, message):
     path = save(tmp_path / "bad.pt", **tensors)
     with pytest.raises(ConfigError, match=r"^data: .*" + message):
         build_datasets(TrainConfig(data=path, input_dim=4, num_classes=4))
+
+
+def test_tensor_file_labels_may_be_the_ignored_index(tmp_path):
+    y = torch.randint(0, 3, (50,))
+    y[::7] = -100  # padding a user marked as the loss's ignore index
+    path = save(tmp_path / "d.pt", x=torch.randn(50, 4), y=y)
+    train, val = build_datasets(TrainConfig(data=path, input_dim=4, num_classes=3))
+    assert torch.equal(torch.cat([train.y, val.y]), y)
 
 
 def test_missing_or_unreadable_data_file_is_named(tmp_path):
