@@ -41,6 +41,11 @@ def convert(source: str, target: str) -> None:
         raise ConfigError(f"{target}: the output must be a .pt or .pth file")
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
+        above = parent  # the nearest path above the output that exists: a file, or nothing
+        while not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if os.path.isfile(above):
+            raise ConfigError(f"{target}: {above} is a file")
         raise ConfigError(f"{target}: directory {parent} does not exist")
     save_atomic(load_full_checkpoint(source), target)
 

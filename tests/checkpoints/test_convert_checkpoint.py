@@ -28,11 +28,14 @@ def error_line(capsys) -> str:
 
 def test_bad_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
     (tmp_path / "empty.dcp").mkdir()
+    (tmp_path / "f").touch()  # an output under a file
     cases = [
         ([str(tmp_path / "missing.dcp"), str(tmp_path / "o.pth")], "missing.dcp"),
         ([str(tmp_path / "empty.dcp"), str(tmp_path / "o.pth")], "empty.dcp: not a dcp checkpoint"),
         ([str(tmp_path / "empty.dcp"), str(tmp_path / "o.txt")], "o.txt"),
         ([str(tmp_path / "empty.dcp"), str(tmp_path / "no" / "o.pth")], "does not exist"),
+        ([str(tmp_path / "empty.dcp"), str(tmp_path / "f" / "d" / "o.pth")],
+         f"o.pth: {tmp_path / 'f'} is a file"),
         ([str(tmp_path / "empty.dcp")], "arguments are required: out"),
     ]
     for argv, named in cases:

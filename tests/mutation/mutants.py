@@ -2696,6 +2696,11 @@ MUTANTS = (
         ("tests/commands/test_bad_input.py::test_data_file_with_wrong_shapes",),
     ),
     Mutant(
+        "converter-output-under-a-file-called-missing", "the converter's bad input is one line",
+        "refddp/convert_checkpoint.py", "        if os.path.isfile(above):", "        if False:",
+        (f"{T_CONVERT}::test_bad_input_is_one_line_naming_the_path_exit_2",),
+    ),
+    Mutant(
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",
         TRAINER, "        fresh, self.saves_fresh = self.saves_fresh, False",
         "        fresh, self.saves_fresh = False, False", (T_FRESH_RUN,),
