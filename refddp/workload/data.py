@@ -9,6 +9,7 @@ accumulation steps. That is what makes runs world-size invariant and mid-epoch r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -310,6 +311,15 @@ def worker_start_method(c: TrainConfig) -> str | None:
     return "forkserver"
 
 
+@contextlib.contextmanager
+def _without_torchs_pickle_warning() -> Iterator[None]:
+    """Without the warning torch (2.13) gives where a worker's arguments do not pickle:
+    refddp's own warning or error says it, naming the option."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
+        yield
+
+
 class LoaderFallback(DataLoader):
     """A DataLoader whose workers fork after all when ``auto`` chose forkserver and they could
     not start from it: a dataset that does not pickle (a lambda, a class defined in
@@ -319,7 +329,8 @@ class LoaderFallback(DataLoader):
     def __iter__(self) -> Any:
         global _fork_instead
         try:
-            return super().__iter__()
+            with _without_torchs_pickle_warning():  # the warning below says it
+                return super().__iter__()
         except Exception as exc:  # noqa: BLE001 - an error of the data itself recurs under fork
             if self.multiprocessing_context is None or _fork_instead is not None:
                 raise
@@ -342,8 +353,7 @@ class StartLoader(DataLoader):
 
     def __iter__(self) -> Any:
         try:
-            with warnings.catch_warnings():  # torch's own warning of it: the line below says it
-                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
+            with _without_torchs_pickle_warning():  # the line below says it
                 return super().__iter__()
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if self.multiprocessing_context is None or "pickle" not in str(exc):

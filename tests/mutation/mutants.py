@@ -2676,8 +2676,8 @@ MUTANTS = (
     ),
     Mutant(
         "torchs-pickle-warning-beside-the-line", "bad input is one line",
-        DATA, '                warnings.filterwarnings("ignore", "Got pickle error", UserWarning)',
-        "                pass", (T_EXPLICIT_START,),
+        DATA, '        warnings.filterwarnings("ignore", "Got pickle error", UserWarning)',
+        "        pass", (T_EXPLICIT_START,),
     ),
     Mutant(
         "tensor-file-ignored-labels-refused", "a .pt data file is checked as the user wrote it",
