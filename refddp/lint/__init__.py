@@ -25,10 +25,10 @@ from refddp.lint.fixpoint import Fixpoint
 from refddp.lint.ir import Builder
 from refddp.lint.rules import Rules
 from refddp.lint.sequences import Sequences
-from refddp.lint.sources import LintUsageError, Module, from_tree, load
+from refddp.lint.sources import LintUsageError, Module, from_tree, load, load_readable
 
 __all__ = ["CODES", "Analysis", "Finding", "LintUsageError", "analyse", "findings",
-           "lint_modules", "lint_paths", "lint_source"]  # fmt: skip
+           "lint_modules", "lint_paths", "lint_readable_paths", "lint_source"]  # fmt: skip
 
 @dataclass
 class Analysis:
@@ -70,8 +70,15 @@ def findings(analysis: Analysis, modules: list[Module]) -> list[Finding]:
 
 
 def lint_paths(paths: list[str]) -> list[Finding]:
-    """Lint files and directories together (one package, one call graph)."""
+    """Lint files and directories together (one package, one call graph); a file that does
+    not parse is a ``LintUsageError``."""
     return lint_modules(load(paths))
+
+
+def lint_readable_paths(paths: list[str]) -> tuple[list[Finding], list[str]]:
+    """``lint_paths`` of the files that parse, and one line for each that does not."""
+    modules, unreadable = load_readable(paths)
+    return lint_modules(modules), unreadable
 
 
 def lint_source(source: str, path: str = "<source>") -> list[Finding]:

@@ -5,7 +5,9 @@ branches meet and loops walked until nothing changes. Implicit flows count: a na
 inside a rank-dependent branch or loop, or after a rank-dependent ``return``, is
 rank-dependent (``best = loss`` under ``if rank == 0:``). A collective's output is the same on
 every rank: after ``dist.broadcast_object_list(box)`` or ``dist.all_reduce(t)``, ``box`` and
-``t`` are uniform again. ``fully_shard(model)`` wraps ``model`` in place.
+``t`` are uniform again; a scatter's is each rank's own piece (``dist.scatter_object_list(mine,
+shards)``: ``mine[0]`` is rank-dependent, ``mine`` as long everywhere).
+``fully_shard(model)`` wraps ``model`` in place.
 
 What a pass learns for the whole package (``calls.Package``): the facts of what the function
 returns, of the attributes it assigns (explicit flows only: an attribute name is shared by
@@ -21,14 +23,17 @@ from dataclasses import replace
 
 from refddp.lint.calls import Function, Package
 from refddp.lint.collectives import FULLY_SHARD
-from refddp.lint.rank_values import HELPER, NOTHING, RANK_NAMES, Facts, Origin
+from refddp.lint.rank_values import HELPER, NOTHING, RANK_NAMES, Facts, Origin, progress_bar_over
 from refddp.lint.scope import Scope
 
 Env = dict[str, Facts]
 # Collectives whose first argument comes out the same on every rank.
 UNIFORM_OUTPUT = frozenset({"broadcast", "broadcast_object_list", "all_reduce", "all_gather",
-                            "all_gather_object", "all_gather_into_tensor", "scatter",
-                            "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor"})
+                            "all_gather_object", "all_gather_into_tensor"})
+# Collectives whose first argument comes out as this rank's own piece: as long on every rank
+# (a tensor of one shape, a list of one object), its contents rank-dependent.
+OWN_PIECE_OUTPUT = frozenset({"scatter", "scatter_object_list", "reduce_scatter",
+                              "reduce_scatter_tensor"})
 
 
 def join(a: Env, b: Env) -> Env:
@@ -133,6 +138,9 @@ class Flow:
             if node.value is None:
                 return env
             facts = scope.facts(node.value).ranked(pc)
+            over = progress_bar_over(node.value, scope.dotted)
+            if over is not None:  # ``if rank == 0: batches = tqdm(batches)``: the same items
+                facts = scope.facts(over)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if isinstance(node, ast.AugAssign):
                 facts = facts | scope.facts(node.target)
@@ -220,9 +228,12 @@ class Flow:
         dotted = self.scope(env).dotted(expr.func) or ""
         if dotted in FULLY_SHARD:
             return {**env, first.id: env.get(first.id, NOTHING) | Facts(wrapped="FSDP")}
-        if dotted.startswith("torch.distributed.") and dotted.rpartition(".")[2] in \
-                UNIFORM_OUTPUT and first.id in env:  # fmt: skip
+        collective = dotted.rpartition(".")[2] if dotted.startswith("torch.distributed.") else ""
+        if collective in UNIFORM_OUTPUT and first.id in env:
             return {**env, first.id: replace(env[first.id], rank=None, params=frozenset())}
+        if collective in OWN_PIECE_OUTPUT:
+            piece = Facts(rank=Origin(self.path, expr.lineno, ast.unparse(expr)[:60]), sized=True)
+            return {**env, first.id: piece}
         return env
 
     def calls(self, node: ast.AST, scope: Scope) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 RANK_ENV = frozenset({
@@ -47,15 +48,35 @@ RANK_NAMES = frozenset({
     "ddp_local_rank", "rank_id", "process_index", "local_process_index", "is_main",
     "is_master", "is_main_process", "is_local_main_process", "master_process",
     "is_rank_zero", "is_global_zero", "is_local_zero",
+    # Hugging Face's Trainer: TrainerState's flags, TrainingArguments' (rank 0 alone saves
+    # and logs, unless told to on each node)
+    "is_world_process_zero", "is_local_process_zero", "should_save", "should_log",
 })  # fmt: skip
 # is_main_process(), is_master(), is_rank_zero(), is_local_main_process(), master_process...
 HELPER = re.compile(r"^(is_(main|master|local_master|main_process|local_main(_process)?"
-                    r"|rank_?(0|zero)|global_zero|local_zero|main_rank)|(master|main)_process)$")
+                    r"|rank_?(0|zero)|global_zero|local_zero|main_rank|(world|local)_process_zero)"
+                    r"|(master|main)_process)$")
 CONVERSIONS = frozenset({"int", "float", "bool", "abs", "len", "range", "min", "max", "round",
                          "sum", "list", "tuple", "set", "sorted", "reversed", "enumerate",
                          "zip", "any", "all", "divmod", "pow", "hash", "iter", "next"})
 # conversions that keep their argument's length: over a list the same length on every rank
 SIZE_KEEPING = frozenset({"enumerate", "zip", "reversed", "sorted", "list", "tuple", "iter"})
+# arithmetic whose result is as rank-dependent as its arguments: math.ceil(len(shard) / batch)
+ARITHMETIC = frozenset({"math.ceil", "math.floor", "math.trunc", "math.sqrt", "math.isqrt",
+                        "math.log", "math.log2", "math.prod", "math.fsum", "math.gcd",
+                        "math.lcm", "math.fabs", "numpy.ceil", "numpy.floor"})
+# Progress bars that yield their first argument's items, as many (rank 0 alone shows one): a
+# loop over ``tqdm(loader) if rank == 0 else loader`` runs as often on every rank.
+PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.std.tqdm", "tqdm.notebook.tqdm",
+                           "tqdm.rich.tqdm", "rich.progress.track"})
+
+
+def progress_bar_over(node: ast.expr, dotted: Callable[[ast.expr], str | None]) -> ast.expr | None:
+    """What ``node`` shows progress over, where it is a progress bar's call (``PROGRESS_BARS``);
+    ``dotted`` resolves a callee's name."""
+    if isinstance(node, ast.Call) and node.args and dotted(node.func) in PROGRESS_BARS:
+        return node.args[0]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +229,10 @@ class Evaluator:
         if isinstance(node, ast.UnaryOp):
             return self.facts(node.operand).dependence()
         if isinstance(node, ast.IfExp):
+            for shown, plain in ((node.body, node.orelse), (node.orelse, node.body)):
+                over = progress_bar_over(shown, self.resolver.dotted)
+                if over is not None and ast.dump(over) == ast.dump(plain):
+                    return self.facts(plain)  # the same items either way
             return (self.facts(node.body) | self.facts(node.orelse)).depends(
                 self.facts(node.test))
         if isinstance(node, ast.Tuple | ast.List | ast.Set):  # as long on every rank, unless *x
@@ -275,6 +300,8 @@ class Evaluator:
         if self._is_rank_source(node, dotted, last):
             return Facts(rank=self.origin(node))
         args = [self.facts(a) for a in node.args] + [self.facts(k.value) for k in node.keywords]
+        if dotted in ARITHMETIC:
+            return _union(a.dependence() for a in args).dependence()
         if dotted and dotted.startswith("builtins.") and last in CONVERSIONS:
             if last == "len" and all(a.same_length for a in args):
                 return NOTHING  # the length of what is as long on every rank

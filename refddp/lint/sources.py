@@ -3,12 +3,14 @@
 Paths are files or directories (searched recursively for ``*.py``, skipping hidden
 directories, ``__pycache__`` and virtual environments). Nothing is imported or run: each file
 is parsed with ``ast``. A path that does not exist or a file that does not parse is a usage
-error (``LintUsageError``): one line naming the file, no traceback.
+error (``LintUsageError``): one line naming the file, no traceback; the command names each
+such file and still checks the others (``load_readable``).
 """
 
 from __future__ import annotations
 
 import ast
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,13 +96,18 @@ def import_aliases(tree: ast.Module, package: str) -> dict[str, str]:
 
 
 def parse(path: Path, shown: str) -> Module:
-    """One file, parsed; a file that is not Python 3 source is a usage error."""
+    """One file, parsed; a file that is not Python 3 source is a usage error. Read as Python
+    reads it (``tokenize.open``: a UTF-8 byte-order mark, a ``# -*- coding: ... -*-`` line)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with tokenize.open(path) as source:
+            text = source.read()
         tree = ast.parse(text, filename=shown)
     except SyntaxError as exc:
         raise LintUsageError(f"{shown}:{exc.lineno or 0}: cannot parse: {exc.msg} (the lint "
                              "reads Python 3 source)") from None  # fmt: skip
+    except (RecursionError, MemoryError):
+        raise LintUsageError(f"{shown}: cannot parse: nested too deeply for Python's parser "
+                             "here") from None  # fmt: skip
     except (UnicodeDecodeError, OSError) as exc:
         raise LintUsageError(f"{shown}: cannot read: {exc}") from None
     module = Module(module_name(path), path, shown, tree, text.splitlines())
@@ -117,7 +124,22 @@ def from_tree(tree: ast.Module, shown: str, lines: list[str]) -> Module:
 
 
 def load(paths: list[str]) -> list[Module]:
-    """Every file under ``paths``, parsed."""
+    """Every file under ``paths``, parsed; the first that cannot be is a usage error."""
+    modules, unreadable = load_readable(paths)
+    if unreadable:
+        raise LintUsageError(unreadable[0])
+    return modules
+
+
+def load_readable(paths: list[str]) -> tuple[list[Module], list[str]]:
+    """Every file under ``paths`` that parses, and one line for each that does not: one bad
+    file (a Python 2 leftover, a broken fixture) does not hide the others' findings."""
     if not paths:
         raise LintUsageError("no path given (give .py files or directories of them)")
-    return [parse(path, shown) for path, shown in python_files(paths)]
+    modules, unreadable = [], []
+    for path, shown in python_files(paths):
+        try:
+            modules.append(parse(path, shown))
+        except LintUsageError as exc:
+            unreadable.append(str(exc))
+    return modules, unreadable

@@ -1,8 +1,9 @@
 """The lint's three doors: the command, ``pytest --dist-lint`` and the flake8 plugin.
 
 The command prints one line per finding and exits 0 (nothing, or notes only), 1 (findings,
-or notes under ``--strict``) or 2 (a path that does not exist, a file that does not parse:
-one line naming it). Nothing it lints is imported or run.
+or notes under ``--strict``) or 2 (a path that does not exist: one line naming it; a file
+that does not parse: one line naming each, the others still checked). Nothing it lints is
+imported or run.
 """
 
 import shutil
@@ -51,8 +52,27 @@ def test_a_bad_path_is_one_line_naming_it_and_exit_2(tmp_path, make, expected):
     (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
     result = lint(make(tmp_path))
     assert result.returncode == 2
-    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
-    assert expected in result.stderr and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.stdout == "" and len(errors) == 1 and expected in errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_each_file_that_does_not_parse_is_named_and_the_others_are_still_checked(tmp_path):
+    # One bad file used to end the run at its line: the others' findings went unreported.
+    shutil.copy(BAD, tmp_path / "train.py")
+    (tmp_path / "py2_leftover.py").write_text("print 'hello'\n")
+    (tmp_path / "deep.py").write_text("x = " + "+".join(["1"] * 5000) + "\n")  # (generated)
+    # Python runs these two: a byte-order mark (Windows editors) and a coding line.
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfimport torch\n")
+    (tmp_path / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nname = '\xe9'\n")
+    result = lint(tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    errors = sorted(line for line in result.stderr.splitlines() if line.startswith("error: "))
+    assert len(errors) == 2, result.stderr
+    assert "deep.py: cannot parse: nested too deeply" in errors[0]
+    assert "py2_leftover.py:1: cannot parse: " in errors[1]
+    assert [line.split(": ")[1].split()[0] for line in result.stdout.splitlines()] == ["RDL101"]
+    assert "1 finding(s), 0 note(s), 2 file(s) not read" in result.stderr
 
 
 def test_directories_are_searched_and_linted_as_one_package(tmp_path):

@@ -2125,6 +2125,43 @@ MUTANTS = (
         (f"{T_LINT_CMD}::test_clean_code_and_notes_alone_exit_0_and_strict_counts_notes",),
     ),
     Mutant(
+        "lint-scatter-output-taken-as-uniform", "the static lint", "refddp/lint/dataflow.py",
+        "        if collective in OWN_PIECE_OUTPUT:", "        if False:", (f"{T_LINT}[pieces_and_progress_bars.py]",),
+    ),
+    Mutant(
+        "lint-progress-bar-ternary-taken-for-a-rank-dependent-loop", "the static lint",
+        "refddp/lint/rank_values.py",
+        "                if over is not None and ast.dump(over) == ast.dump(plain):",
+        "                if False:", (f"{T_LINT}[pieces_and_progress_bars_fixed.py]",),
+    ),
+    Mutant(
+        "lint-progress-bar-assignment-taken-for-a-rank-dependent-loop", "the static lint",
+        "refddp/lint/dataflow.py", "            if over is not None:  # ``if rank == 0:",
+        "            if False:  # ``if rank == 0:", (f"{T_LINT}[pieces_and_progress_bars_fixed.py]",),
+    ),
+    Mutant(
+        "lint-math-drops-rank-dependence", "the static lint", "refddp/lint/rank_values.py",
+        "        if dotted in ARITHMETIC:", "        if False:", (f"{T_LINT}[pieces_and_progress_bars.py]",),
+    ),
+    Mutant(
+        "lint-hugging-face-flags-unknown", "the static lint", "refddp/lint/rank_values.py",
+        '    "is_world_process_zero", "is_local_process_zero", "should_save", "should_log",',
+        '    "is_world_process_zero", "is_local_process_zero",', (f"{T_LINT}[pieces_and_progress_bars.py]",),
+    ),
+    Mutant(
+        "lint-one-unreadable-file-ends-the-run", "the lint's exit status", "refddp/lint/sources.py",
+        "            unreadable.append(str(exc))", "            raise", (f"{T_LINT_CMD}::test_each_file_that_does_not_parse_is_named_and_the_others_are_still_checked",),
+    ),
+    Mutant(
+        "lint-byte-order-mark-refused", "the lint's exit status", "refddp/lint/sources.py",
+        "        with tokenize.open(path) as source:",
+        '        with open(path, encoding="utf-8") as source:', (f"{T_LINT_CMD}::test_each_file_that_does_not_parse_is_named_and_the_others_are_still_checked",),
+    ),
+    Mutant(
+        "lint-deep-expression-a-traceback", "the lint's exit status", "refddp/lint/sources.py",
+        "    except (RecursionError, MemoryError):", "    except MemoryError:", (f"{T_LINT_CMD}::test_each_file_that_does_not_parse_is_named_and_the_others_are_still_checked",),
+    ),
+    Mutant(
         "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
         "    except LintUsageError as exc:", "    except ZeroDivisionError as exc:",
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
