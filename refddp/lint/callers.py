@@ -60,7 +60,7 @@ class CallerChecks:
                                 f"cannot tell whether {call.text} issues a collective: "
                                 f"{param} is a parameter of {name}() and no call of it in the "
                                 f"analysed files says what it is; it runs only where "
-                                f"`{ctx.text}` ({since(ctx.origin)}): the harness's run-time "
+                                f"{ctx.where} ({since(ctx.origin)}): the harness's run-time "
                                 "check covers it")  # fmt: skip
 
     def _passed_values(self, call: Call) -> None:

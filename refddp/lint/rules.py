@@ -37,6 +37,12 @@ class Context:
 
     text: str
     origin: Origin
+    negated: bool = False  # in the branch taken where the condition is false
+
+    @property
+    def where(self) -> str:
+        """Where the node runs, as a note says it: "`rank == 0`", "`rank == 0` is false"."""
+        return f"`{self.text}`" + (" is false" if self.negated else "")
 
 
 class Rules(CallerChecks):
@@ -97,7 +103,8 @@ class Rules(CallerChecks):
                 inner = Context(node.text, node.rank) if node.rank else ctx
                 self.check(node, lambda why, n=node, h=here: self.branch(n, h, why))
                 self.walk(node.a, here, inner)
-                self.walk(node.b, here, inner)
+                negated = Context(node.text, node.rank, negated=True) if node.rank else ctx
+                self.walk(node.b, here, negated)
                 if node.rank and not ctx and self._leaves(node):
                     ctx = Context(node.text, node.rank)  # the rest runs on some ranks only
             elif isinstance(node, Loop):
@@ -135,7 +142,7 @@ class Rules(CallerChecks):
                    f"methods named {call.name.rpartition('.')[2]}() issue collectives")
         self.report(call.node, "RDL201",
                     f"cannot tell whether {call.text} issues a collective: {why}; it runs only "
-                    f"where `{ctx.text}` ({since(ctx.origin)}): the harness's run-time check "
+                    f"where {ctx.where} ({since(ctx.origin)}): the harness's run-time check "
                     "covers it")  # fmt: skip
 
     def _owner(self, call: Call) -> str:

@@ -143,3 +143,13 @@ def test_flake8_reports_rdl_codes_and_honours_noqa(tmp_path):
     assert result.returncode == 1
     assert [line.split(" ")[:2] for line in result.stdout.splitlines()] == [
         ["bad.py:10:9:", "RDL101"]]
+
+
+def test_a_note_in_the_else_branch_says_the_condition_is_false():
+    from refddp.lint import lint_source
+
+    source = ("import torch.distributed as dist\n\ndef f(callback, log):\n"
+              "    if dist.get_rank() == 0:\n        log()\n    else:\n        callback()\n")  # fmt: skip
+    notes = {f.line: f.message for f in lint_source(source)}
+    assert "it runs only where `dist.get_rank() == 0` (" in notes[5]
+    assert "it runs only where `dist.get_rank() == 0` is false (" in notes[7], notes

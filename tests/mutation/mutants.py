@@ -2162,6 +2162,11 @@ MUTANTS = (
         "    except (RecursionError, MemoryError):", "    except MemoryError:", (f"{T_LINT_CMD}::test_each_file_that_does_not_parse_is_named_and_the_others_are_still_checked",),
     ),
     Mutant(
+        "lint-else-note-says-the-condition-holds", "the static lint", "refddp/lint/rules.py",
+        "                self.walk(node.b, here, negated)", "                self.walk(node.b, here, inner)",
+        (f"{T_LINT_CMD}::test_a_note_in_the_else_branch_says_the_condition_is_false",),
+    ),
+    Mutant(
         "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
         "    except LintUsageError as exc:", "    except ZeroDivisionError as exc:",
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
