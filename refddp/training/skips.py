@@ -46,15 +46,19 @@ def spread_nonfinite(scale: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
     return scale + loss.detach() * 0  # 0 x inf and 0 x nan are nan
 
 
+SMALL_BUFFER = 65_536  # elements: an integer or boolean buffer up to this is copied (512 KiB)
+
+
 class BufferSnapshot:
     """The buffers a training forward may change, saved before each step and put back when
     the step is skipped.
 
     Which: every floating-point buffer (BatchNorm's and SyncBatchNorm's running statistics,
-    any statistic a model registers) and every one-element buffer (counters such as
-    BatchNorm's ``num_batches_tracked``). Larger integer and boolean buffers (attention
-    masks, position ids) are constants no forward changes; copying them every step would cost
-    the step (GPT-2's causal masks are megabytes). Each buffer is looked up by name at every
+    any statistic a model registers) and every integer or boolean buffer of at most
+    ``SMALL_BUFFER`` elements (counters such as BatchNorm's ``num_batches_tracked``, a mixture
+    of experts' per-expert counts, position ids). Larger ones (GPT-2's causal masks, a
+    megabyte each) are taken as constants no forward changes: copying them every step would
+    cost the step. Each buffer is looked up by name at every
     ``take`` and ``restore``, so a forward that assigns a new tensor to it (``self.ema = 0.9 *
     self.ema + ...``) is put back too; the copies are made once, then refilled in place.
     Buffers are those the model registered when the snapshot was made.
@@ -70,7 +74,7 @@ class BufferSnapshot:
             buffer = getattr(module, name)
             if buffer is None or is_lazy(buffer):
                 continue
-            if not (buffer.is_floating_point() or buffer.numel() == 1):
+            if not (buffer.is_floating_point() or buffer.numel() <= SMALL_BUFFER):
                 continue
             key = (id(module), name)
             saved = self.saved.get(key)

@@ -2192,9 +2192,16 @@ MUTANTS = (
     ),
     Mutant(
         "buffer-snapshot-skips-counters", "a skipped step leaves no trace", SKIPPED,
-        "            if not (buffer.is_floating_point() or buffer.numel() == 1):",
+        "            if not (buffer.is_floating_point() or buffer.numel() <= SMALL_BUFFER):",
         "            if not buffer.is_floating_point():",
         (f"{T_SKIPPED_STEPS}::test_a_skipped_step_leaves_the_model_optimizer_and_schedule_as_they_were[ddp]",),
+    ),
+    Mutant(
+        "buffer-snapshot-skips-small-integer-buffers", "a skipped step leaves no trace", SKIPPED,
+        "            if not (buffer.is_floating_point() or buffer.numel() <= SMALL_BUFFER):",
+        "            if not (buffer.is_floating_point() or buffer.numel() == 1):",
+        ("tests/training/test_skips.py::test_a_snapshot_puts_back_small_integer_buffers_and_leaves_large"
+         "_constants_uncopied",),
     ),
     Mutant(
         "schedule-advances-on-a-skipped-step", "a skipped step leaves no trace", STEPS,
@@ -2741,6 +2748,14 @@ MUTANTS = (
         "converter-output-under-a-file-called-missing", "the converter's bad input is one line",
         "refddp/convert_checkpoint.py", "        if os.path.isfile(above):", "        if False:",
         (f"{T_CONVERT}::test_bad_input_is_one_line_naming_the_path_exit_2",),
+    ),
+    Mutant(
+        "leading-unlabelled-samples-refused", "bad input is one line",
+        "refddp/workload/objectives/__init__.py",
+        "            except NoTargets:  # leading unlabelled samples, say: look across the dataset",
+        "            except ZeroDivisionError:",
+        ("tests/workload/test_objectives.py::test_a_dataset_whose_first_samples_are_unlabelled_is_checked"
+         "_on_samples_across_it",),
     ),
     Mutant(
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",

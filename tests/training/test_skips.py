@@ -45,6 +45,34 @@ def test_a_snapshot_puts_back_buffers_updated_in_place_and_assigned_anew():
         assert torch.equal(value, kept[key]), key
 
 
+class Routed(nn.Module):
+    """A mixture of experts' usage counts (int64, one per expert) and a step counter, which
+    its forward updates in place, beside a large constant mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("expert_counts", torch.zeros(4, dtype=torch.int64))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("mask", torch.ones(300, 300, dtype=torch.bool))  # 90,000 elements
+
+    def forward(self, x):
+        self.expert_counts += torch.bincount(x.argmax(1), minlength=4)
+        self.calls += 1
+        return x
+
+
+def test_a_snapshot_puts_back_small_integer_buffers_and_leaves_large_constants_uncopied():
+    # A 4-element counter was taken for a constant: a skipped step (and the warm-up backward
+    # of 3 or more DDP ranks) left its counts in it.
+    model = Routed()
+    snapshot = BufferSnapshot(model)
+    snapshot.take()
+    model(torch.randn(8, 4))
+    snapshot.restore()
+    assert model.expert_counts.sum() == 0 and model.calls == 0
+    assert set(name for _, name in snapshot.saved) == {"expert_counts", "calls"}, "mask uncopied"
+
+
 def scaler_after_unscale(gradient: float) -> tuple[torch.amp.GradScaler, torch.optim.Optimizer]:
     """A GradScaler (initial scale 2**16, growth every 2 steps) one step in, whose unscale_
     has read a gradient of ``gradient`` (times the scale)."""

@@ -19,7 +19,8 @@ CASES = {
     ),
     "a-batch-with-no-targets": (
         dict(TOKEN_RUN, data="tests.sequence_code:no_target_sequences"),
-        "loss: the first batch has no targets (every label is -100)",
+        "loss: no targets in the first batch nor in 8 samples spread over the training set "
+        "(every label is -100)",
     ),
     "a-dict-batch-without-labels": (
         dict(TOKEN_RUN, data="tests.sequence_code:unlabelled_sequences"),

@@ -69,6 +69,23 @@ def test_built_in_data_without_ignored_targets_counts_them_on_the_host_and_with_
     assert torch.allclose(total / count, F.cross_entropy(logits, padded.y, ignore_index=-100))
 
 
+def test_a_dataset_whose_first_samples_are_unlabelled_is_checked_on_samples_across_it():
+    # Its first batch has no targets (every label -100), its others do: it was refused.
+    from refddp.config.schema import TrainConfig
+    from refddp.workload.data import TensorPairDataset
+    from refddp.workload.objectives import build_objective
+
+    c = TrainConfig(input_dim=3, num_classes=4, batch_size=4)
+    y = torch.randint(0, 4, (64,))
+    y[:16] = -100  # the first 16 unlabelled (semi-supervised data, say)
+    build_objective(c, nn.Linear(3, 4), TensorPairDataset(torch.randn(64, 3), y),
+                    torch.device("cpu"))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^loss: no targets in the first batch nor in 8 "
+                       r"samples spread over the training set \(every label is -100\)"):
+        build_objective(c, nn.Linear(3, 4), TensorPairDataset(torch.randn(64, 3),
+                        torch.full((64,), -100)), torch.device("cpu"))  # fmt: skip
+
+
 def config(**overrides):
     from refddp.config.schema import TrainConfig
 

@@ -20,7 +20,7 @@ from refddp.config.schema import ConfigError, TrainConfig
 from refddp.config.validation import is_import_path
 from refddp.workload.imports import load_callable
 from refddp.workload.objectives.base import LossTerms, Objective
-from refddp.workload.objectives.batches import first_batch, to_device
+from refddp.workload.objectives.batches import NoTargets, first_batch, to_device
 from refddp.workload.objectives.cross_entropy import CrossEntropy
 from refddp.workload.objectives.model_loss import ModelLoss
 from refddp.workload.objectives.user_loss import UserLoss
@@ -68,7 +68,17 @@ def build_objective(
     model.eval()
     try:
         with torch.no_grad(), precision():
-            objective.check(model, batch)
+            try:
+                objective.check(model, batch)
+            except NoTargets:  # leading unlabelled samples, say: look across the dataset
+                batch = to_device(first_batch(dataset, PROBE_SAMPLES, spread=True), device)
+                try:
+                    objective.check(model, batch)
+                except NoTargets:
+                    raise ConfigError(
+                        f"loss: no targets in the first batch nor in {PROBE_SAMPLES} samples "
+                        "spread over the training set (every label is -100): check the data"
+                    ) from None
             if objective.user_metrics is not None:
                 outputs = objective.forward(model, batch)
                 objective.user_metrics.check(outputs, batch)

@@ -96,15 +96,26 @@ def describe(batch: Any) -> str:
     return type(batch).__name__
 
 
-def first_batch(dataset: Any, size: int) -> Any:
-    """The first ``size`` samples of ``dataset``, collated as the loaders collate them.
+class NoTargets(ConfigError):
+    """A probe batch whose every label is the ignore index (-100): nothing to check on it."""
+
+    def __init__(self) -> None:
+        super().__init__("loss: the batch has no targets (every label is -100): check the data")
+
+
+def first_batch(dataset: Any, size: int, spread: bool = False) -> Any:
+    """The first ``size`` samples of ``dataset`` (``spread``: ``size`` samples evenly spread
+    over it), collated as the loaders collate them.
 
     Random augmentation in ``__getitem__`` must not shift the run's random streams: fetched
     under a fixed seed, with torch's, Python's and numpy's generators restored after."""
+    count = min(size, len(dataset))
+    step = (len(dataset) - 1) / max(count - 1, 1) if spread else 1
+    indices = sorted({round(i * step) for i in range(count)})
     torch_state, others = torch.get_rng_state(), host_random.states()
     try:
         torch.default_generator.manual_seed(0)  # the CPU's only: manual_seed reseeds GPUs
-        return default_collate([dataset[i] for i in range(min(size, len(dataset)))])
+        return default_collate([dataset[i] for i in indices])
     finally:
         torch.set_rng_state(torch_state)
         host_random.set_states(others)

@@ -17,7 +17,13 @@ from torch import nn
 
 from refddp.config.schema import ConfigError
 from refddp.workload.objectives.base import LossTerms, Objective, logits_of
-from refddp.workload.objectives.batches import IGNORE_INDEX, describe, scored_count, targets_of
+from refddp.workload.objectives.batches import (
+    IGNORE_INDEX,
+    NoTargets,
+    describe,
+    scored_count,
+    targets_of,
+)
 
 
 class CrossEntropy(Objective):
@@ -65,9 +71,7 @@ class CrossEntropy(Objective):
             )
         scored = targets[targets != IGNORE_INDEX]
         if not len(scored):
-            raise ConfigError(
-                "loss: the first batch has no targets (every label is -100): check the data"
-            )
+            raise NoTargets()
         classes = logits.shape[-1]
         if scored.min() < 0 or scored.max() >= classes:
             raise ConfigError(

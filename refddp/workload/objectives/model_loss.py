@@ -30,6 +30,7 @@ from refddp.workload.objectives.base import LossTerms, Objective, logits_of
 from refddp.workload.objectives.batches import (
     IGNORE_INDEX,
     LABELS,
+    NoTargets,
     batch_size,
     describe,
     scored_count,
@@ -106,9 +107,7 @@ class ModelLoss(Objective):
             self.shifts = shifts
             counts[shifts] = int(self.labels_counted(batch))
         if not counts[False]:
-            raise ConfigError(
-                "loss: the first batch has no targets (every label is -100): check the data"
-            )
+            raise NoTargets()
         self.exact = True
         summed = float(self.loss_of(self.forward(model, batch)))
         # The model's own count is its summed loss over its mean loss: which rule gives it?
