@@ -39,10 +39,12 @@ def autocast(c: TrainConfig, device: torch.device) -> Any:
 
 
 def finite_validation(metrics: dict[str, Any]) -> bool:
-    """Whether every validation metric a record holds is finite: a run whose final evaluation
-    is not has failed (it exits 1, and its trackers close as failed)."""
-    return all(math.isfinite(v) for k, v in metrics.items()
-               if k.startswith("val_") and isinstance(v, float))  # fmt: skip
+    """Whether a record's validation loss is finite (or there is none): a run whose final
+    evaluation is not has failed (it exits 1, and its trackers close as failed). The loss
+    alone: a metric made from it can overflow where it is finite (perplexity is inf from a
+    loss of 700), and a user's metric may be infinite by design."""
+    loss = metrics.get("val_loss")
+    return not isinstance(loss, float) or math.isfinite(loss)
 
 
 def agreed_objective(c: TrainConfig, model: nn.Module, dataset: Any, ctx: DistContext) -> Objective:

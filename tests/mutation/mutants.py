@@ -2758,6 +2758,14 @@ MUTANTS = (
          "_on_samples_across_it",),
     ),
     Mutant(
+        "final-evaluation-failed-on-any-metric", "no run that trains nothing exits 0",
+        EVALUATION, '    loss = metrics.get("val_loss")\n    return not isinstance(loss, float) or math.isfinite(loss)',
+        """    return all(math.isfinite(v) for k, v in metrics.items()
+               if k.startswith("val_") and isinstance(v, float))""",
+        ("tests/training/test_skips.py::test_a_final_evaluation_fails_on_its_loss_not_on_a_metric_made"
+         "_infinite",),
+    ),
+    Mutant(
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",
         TRAINER, "        fresh, self.saves_fresh = self.saves_fresh, False",
         "        fresh, self.saves_fresh = False, False", (T_FRESH_RUN,),

@@ -111,3 +111,13 @@ def test_finite_gradients_whose_norm_overflowed_change_nothing():
     assert end_scaler_iteration(scaler, bad_loss=False) is None
     assert scaler.state_dict() == kept
     scaler.unscale_(optimizer)  # the next step can unscale: the iteration was ended
+
+
+def test_a_final_evaluation_fails_on_its_loss_not_on_a_metric_made_infinite():
+    from refddp.training.evaluation import finite_validation
+
+    assert not finite_validation({"val_loss": math.nan, "val_acc": 0.5})
+    assert not finite_validation({"val_loss": math.inf})
+    # A finite loss of 840 (logits scaled up) makes perplexity inf; a user metric may be inf.
+    assert finite_validation({"val_loss": 839.77, "val_perplexity": math.inf, "val_ratio": math.inf})
+    assert finite_validation({}), "no evaluation yet: nothing to fail on"
