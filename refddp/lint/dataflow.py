@@ -61,6 +61,11 @@ class Flow:
         self.param_facts: dict[str, dict[str, Facts]] = {}
         self.rest_pc: Origin | None = None  # after a rank-dependent exit: the rest of the body
         self.reads: set = {("param", function.qualname)}  # what of the package's facts it used
+        # names a ``global`` statement declares here, and what this function assigns to them:
+        # the module's globals as every function of it reads them (``fixpoint.Fixpoint``)
+        self.global_names = {name for node in ast.walk(function.node)
+                             if isinstance(node, ast.Global) for name in node.names}  # fmt: skip
+        self.global_writes: Env = {}
 
     def run(self) -> Flow:
         function, node = self.function, self.function.node
@@ -111,6 +116,8 @@ class Flow:
     def bind(self, target: ast.expr, facts: Facts, env: Env) -> Env:
         if isinstance(target, ast.Name):
             self.final[target.id] = self.final.get(target.id, NOTHING) | facts
+            if target.id in self.global_names:
+                self.global_writes[target.id] = self.global_writes.get(target.id, NOTHING) | facts
             return {**env, target.id: facts}
         if isinstance(target, ast.Tuple | ast.List):
             for element in target.elts:

@@ -69,6 +69,7 @@ class Fixpoint:
         self.readers: dict[tuple, set[str]] = {}
         self.attribute_writers: dict[tuple[str, str], set[str]] = {}
         self.param_givers: dict[str, set[str]] = {}
+        self.global_writers: dict[str, set[str]] = {}  # module -> functions with `global` writes
 
     def run(self) -> dict[str, Flow]:
         order = callees_first(self.package)
@@ -101,9 +102,20 @@ class Fixpoint:
         if package.final_env.get(q, {}) != flow.final:
             package.final_env[q] = flow.final
             changed.add(("env", q))
-            if q.endswith(".<module>"):
-                package.globals[flow.function.module.name] = flow.final
-                changed.add(("glob", flow.function.module.name))
+        module = flow.function.module.name
+        writers = self.global_writers.setdefault(module, set())
+        (writers.add if flow.global_writes else writers.discard)(q)
+        if q.endswith(".<module>") or flow.global_writes or (old and old.global_writes):
+            # the module's top-level code's names, and what its functions assign through
+            # ``global`` statements (``IS_MAIN = dist.get_rank() == 0`` in a setup function)
+            top = self.flows.get(f"{module}.<module>")
+            merged = dict(top.final) if top else {}
+            for writer in writers:
+                for name, facts in self.flows[writer].global_writes.items():
+                    merged[name] = merged.get(name, NOTHING) | facts
+            if package.globals.get(module) != merged:
+                package.globals[module] = merged
+                changed.add(("glob", module))
         for key in (old.attributes.keys() if old else set()) | flow.attributes.keys():
             writers = self.attribute_writers.setdefault(key, set())
             (writers.add if key in flow.attributes else writers.discard)(q)

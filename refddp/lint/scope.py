@@ -72,7 +72,9 @@ class Scope(Resolver):
 
     def global_facts(self, name: str) -> Facts:
         scope = self.function.parent
-        while scope is not None:  # a closure's free name: the enclosing function's
+        # a closure's free name: the enclosing function's (not the module's: its globals are
+        # ``package.globals``, which holds what functions assign through ``global`` too)
+        while scope is not None and not isinstance(scope.node, ast.Module):
             self.reads.add(("env", scope.qualname))
             env = self.package.final_env.get(scope.qualname, {})
             if name in env:

@@ -2167,6 +2167,11 @@ MUTANTS = (
         (f"{T_LINT_CMD}::test_a_note_in_the_else_branch_says_the_condition_is_false",),
     ),
     Mutant(
+        "lint-global-statement-writes-unseen", "the static lint", "refddp/lint/dataflow.py",
+        "            if target.id in self.global_names:", "            if False:",
+        (f"{T_LINT}[module_globals_set_in_a_function.py]",),
+    ),
+    Mutant(
         "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
         "    except LintUsageError as exc:", "    except ZeroDivisionError as exc:",
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),

@@ -226,8 +226,10 @@ def _on_world(checker: Any, fingerprint: str, display: str, count: int, pairs: P
 
     assert _board is not None  # (enable_fingerprint_check refuses a checker without a workdir)
     digest = int.from_bytes(hashlib.blake2b(fingerprint.encode(), digest_size=7).digest(), "big")
+    # The lint reads ``_board`` as rank-dependent (made where this rank's differs); its
+    # answer is every rank's: each compares all ranks' digests.
     if not _board.all_alike(digest):
-        _name_the_mismatch(checker, display, count, named=named)
+        _name_the_mismatch(checker, display, count, named=named)  # refddp: ignore[RDL101]
     world_size = dist.get_world_size(checker)
     if pairs is not None and world_size <= PAIRING_LIMIT:
         # Row i of each matrix is group rank i's: what it sends each rank, what it expects.
