@@ -35,7 +35,7 @@ plain loop ``torch.autocast`` around the forward and the loss and ``torch.compil
 ``--unread`` (one rank): a third loop, refddp's step with its one host read replaced by
 constants, which applies every update whatever its gradient: a bound on what the read costs,
 not a step refddp could take. ``--profile DIR``: after the timed blocks, one more block of each
-loop under ``torch.profiler``, its trace and its operators' host times to DIR/MODEL/.
+loop under ``torch.profiler``, its trace and its operators' host times to DIR/MODEL_RANKS/.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def unread(trainer: Trainer) -> Trainer:
     loss, no signal): a bound on what that read costs, not a valid step (the update is
     applied whatever the gradient). One process only."""
     agreement = trainer.agreement
-    assert not agreement.several, "--unread measures one process"
+    # ``_sent`` (this step's target count, as ``send`` kept it): a benchmark's reach into the
+    # agreement, to leave everything but the read as the step does it.
     agreement.read = lambda grad_norm=None: Agreed(float(agreement._sent[0]), 0.0, 0, 1.0)
     return trainer
 
@@ -234,6 +235,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", help="then one block of each loop profiled, to DIR")
     parser.add_argument("--rank-main", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.unread and args.ranks != "1":
+        parser.error("--unread measures one process: give --ranks 1")
     if args.rank_main:
         rank_main(args.rank_main[0], args, args.rank_main[1])
         return
@@ -249,7 +252,8 @@ def main() -> None:
                        "--device", args.device, "--variant", args.variant, "--amp", args.amp,
                        *(["--compile"] if args.compile else []),
                        *(["--unread"] if args.unread else []),
-                       *(["--profile", os.path.join(args.profile, model)] if args.profile else []),
+                       *(["--profile", os.path.join(args.profile, f"{model}_{ranks}")]
+                         if args.profile else []),
                        "--rank-main", model, out]  # fmt: skip
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                                       cwd=os.path.dirname(HERE))  # fmt: skip

@@ -188,13 +188,21 @@ def _without_crc32() -> Iterator[None]:
         torch.serialization.set_crc32_options(crc32)
 
 
+def is_within(path: str, directory: str) -> bool:
+    """Whether ``path``, or what its links lead to, lies in ``directory``."""
+    return any(where(path).startswith(where(directory) + os.sep)
+               for where in (os.path.abspath, os.path.realpath))  # fmt: skip
+
+
 def remove_names(directory: str, names: list[str]) -> None:
     """Remove the files (or links) ``names`` in ``directory`` where they exist."""
     with writing(directory):
-        for name in names:
-            path = os.path.join(directory, name)
-            if os.path.lexists(path):
-                os.remove(path)
+        removed = [path for path in (os.path.join(directory, n) for n in names)
+                   if os.path.lexists(path)]  # fmt: skip
+        for path in removed:
+            os.remove(path)
+        if removed:
+            fsync_path(directory)  # gone for good: a crash does not bring them back
 
 
 def link_or_copy(src: str, dst: str) -> None:

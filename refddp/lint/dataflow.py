@@ -47,6 +47,29 @@ def returns_early(statement: ast.stmt) -> bool:
     return any(isinstance(node, ast.Return | ast.Raise) for node in ast.walk(statement))
 
 
+NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _rewraps(node: ast.stmt, over: ast.expr | None) -> bool:
+    """``name = tqdm(name)``: a name rebound to a progress bar over its own value."""
+    targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+    return (isinstance(over, ast.Name) and len(targets) == 1
+            and isinstance(targets[0], ast.Name) and targets[0].id == over.id)  # fmt: skip
+
+
+def declared_global(function: ast.AST) -> set[str]:
+    """The names ``function``'s own ``global`` statements declare (not a nested function's)."""
+    found: set[str] = set()
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Global):
+            found.update(node.names)
+        elif not isinstance(node, NESTED_SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
 class Flow:
     """The pass over one function: the names before each statement (its ``Scope``), and what
     it teaches the package."""
@@ -63,8 +86,7 @@ class Flow:
         self.reads: set = {("param", function.qualname)}  # what of the package's facts it used
         # names a ``global`` statement declares here, and what this function assigns to them:
         # the module's globals as every function of it reads them (``fixpoint.Fixpoint``)
-        self.global_names = {name for node in ast.walk(function.node)
-                             if isinstance(node, ast.Global) for name in node.names}  # fmt: skip
+        self.global_names = declared_global(function.node)
         self.global_writes: Env = {}
 
     def run(self) -> Flow:
@@ -146,7 +168,7 @@ class Flow:
                 return env
             facts = scope.facts(node.value).ranked(pc)
             over = progress_bar_over(node.value, scope.dotted)
-            if over is not None:  # ``if rank == 0: batches = tqdm(batches)``: the same items
+            if _rewraps(node, over):  # ``if rank == 0: batches = tqdm(batches)``: the same items
                 facts = scope.facts(over)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if isinstance(node, ast.AugAssign):

@@ -48,11 +48,10 @@ RANK_NAMES = frozenset({
     "ddp_local_rank", "rank_id", "process_index", "local_process_index", "is_main",
     "is_master", "is_main_process", "is_local_main_process", "master_process",
     "is_rank_zero", "is_global_zero", "is_local_zero",
-    # Hugging Face's Trainer: TrainerState's flags, TrainingArguments' (rank 0 alone saves
-    # and logs, unless told to on each node)
-    "is_world_process_zero", "is_local_process_zero", "should_save", "should_log",
 })  # fmt: skip
-# is_main_process(), is_master(), is_rank_zero(), is_local_main_process(), master_process...
+# is_main_process(), is_master(), is_rank_zero(), is_local_main_process(), master_process...;
+# Hugging Face Trainer's is_world_process_zero() and is_local_process_zero (not its
+# should_save / should_log: TrainingArguments' are rank 0's, TrainerControl's every rank's)
 HELPER = re.compile(r"^(is_(main|master|local_master|main_process|local_main(_process)?"
                     r"|rank_?(0|zero)|global_zero|local_zero|main_rank|(world|local)_process_zero)"
                     r"|(master|main)_process)$")

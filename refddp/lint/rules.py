@@ -106,7 +106,9 @@ class Rules(CallerChecks):
                 negated = Context(node.text, node.rank, negated=True) if node.rank else ctx
                 self.walk(node.b, here, negated)
                 if node.rank and not ctx and self._leaves(node):
-                    ctx = Context(node.text, node.rank)  # the rest runs on some ranks only
+                    # the rest runs on some ranks only: where the condition is false if its
+                    # side alone leaves (``if rank != 0: return``)
+                    ctx = Context(node.text, node.rank, negated=self._leaves_alone(node))
             elif isinstance(node, Loop):
                 inner = Context(f"for ... in {node.text}", node.rank) if node.rank else ctx
                 self.check(node, lambda why, n=node, h=here: self.loop(n, h, why))
@@ -119,6 +121,10 @@ class Rules(CallerChecks):
 
     def _leaves(self, node: Branch) -> bool:
         return bool(self.seq.atoms(node.a)[1] or self.seq.atoms(node.b)[1])
+
+    def _leaves_alone(self, node: Branch) -> bool:
+        """The branch's own side leaves (returns, raises...) and its ``else`` does not."""
+        return bool(self.seq.atoms(node.a)[1]) and not self.seq.atoms(node.b)[1]
 
     def call(self, call: Call, ctx: Context | None) -> None:
         if ctx is None or call.kind == "collective":

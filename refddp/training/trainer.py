@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from refddp.checkpoints import formats as checkpoint_formats
 from refddp.checkpoints import loading as ckpt
-from refddp.checkpoints import run_state
+from refddp.checkpoints import run_files, run_state
 from refddp.checkpoints.run_files import checkpoint_dir
 from refddp.checkpoints.run_state import CheckpointError, rng_state
 from refddp.config.schema import ConfigError, TrainConfig
@@ -148,6 +148,13 @@ class Trainer:
             )
         # A fresh run's first save finds an earlier run's checkpoints in --out, if any (``save``).
         self.saves_fresh = found[0] is None  # (every rank alike: rank 0's, gathered)
+        if self.saves_fresh and c.init_from and run_files.is_within(c.init_from,
+                                                                    checkpoint_dir(c.out)):
+            raise ConfigError(
+                f"init_from: {c.init_from} is in {checkpoint_dir(c.out)}, whose checkpoints this "
+                "fresh run replaces at its first save; copy it out of --out first, or give "
+                "another --out"
+            )
         shared = [mine if ctx.is_main else None]
         if found[0] is not None and ctx.world_size > 1:
             dist.broadcast_object_list(shared, src=0)

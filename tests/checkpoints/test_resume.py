@@ -153,6 +153,11 @@ def test_a_fresh_run_in_a_used_directory_leaves_none_of_the_earlier_runs_checkpo
     checkpoints = fresh.out / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == [BEST, LATEST]
     assert torch.load(checkpoints / BEST, weights_only=True)["step"] == 4
+    # Fine-tuning from that best into the same --out, afresh: its first save would remove it.
+    refused = run_cli("--init-from", checkpoints / BEST, "--resume", "never", out="run",
+                      check=False, **tiny)  # fmt: skip
+    assert refused.returncode == 2 and "error: init_from: " in refused.stderr, refused.stderr
+    assert (checkpoints / BEST).exists()
     (checkpoints / LATEST).write_bytes(b"damaged")
     damaged = run_cli("--max-steps", 8, out="run", check=False, **tiny)
     assert damaged.returncode != 0 and "checkpoint_latest.pth: corrupt" in damaged.stderr

@@ -153,3 +153,12 @@ def test_a_note_in_the_else_branch_says_the_condition_is_false():
     notes = {f.line: f.message for f in lint_source(source)}
     assert "it runs only where `dist.get_rank() == 0` (" in notes[5]
     assert "it runs only where `dist.get_rank() == 0` is false (" in notes[7], notes
+
+
+def test_a_note_after_an_early_return_says_where_the_rest_runs():
+    from refddp.lint import lint_source
+
+    source = ("import torch.distributed as dist\n\ndef f(callback):\n"
+              "    if dist.get_rank() != 0:\n        return\n    callback()\n")  # fmt: skip
+    (note,) = lint_source(source)
+    assert "it runs only where `dist.get_rank() != 0` is false (" in note.message, note

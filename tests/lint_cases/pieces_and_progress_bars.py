@@ -1,11 +1,13 @@
 """One step beyond the other cases: a scatter's output is each rank's own piece; a shard's
-batch count through ``math.ceil``; Hugging Face Trainer's rank-0 flags."""
+batch count through ``math.ceil``; Hugging Face Trainer's rank-0 flags; a progress bar over
+another loader than the other ranks'."""
 
 import glob
 import math
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 
 def scattered_shards():
@@ -24,8 +26,16 @@ def batches_of_a_shard(files, batch_size):
         dist.barrier()  # expect: RDL103
 
 
-def save_under_hf_flags(trainer, args):
+def save_under_hf_flags(trainer, state):
     if trainer.is_world_process_zero():
         dist.barrier()  # expect: RDL101
-    if args.should_save:
+    if state.is_local_process_zero:
         dist.barrier()  # expect: RDL101
+
+
+def progress_over_another_loader(loader, shorter):
+    batches = shorter
+    if dist.get_rank() == 0:
+        batches = tqdm(loader)
+    for batch in batches:
+        dist.all_reduce(batch)  # expect: RDL103

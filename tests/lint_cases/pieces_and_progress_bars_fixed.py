@@ -32,8 +32,10 @@ def batches_of_a_shard(files, batch_size):
         dist.barrier()
 
 
-def save_under_hf_flags(trainer, args):
-    if trainer.is_world_process_zero() and args.should_save:
+def save_under_hf_flags(trainer, control):
+    if control.should_save:  # TrainerControl's: every rank's
+        dist.barrier()
+    if trainer.is_world_process_zero():
         torch.save({"step": trainer.state.global_step}, "checkpoint.pt")
     dist.barrier()
 
@@ -44,6 +46,6 @@ def progress_on_rank_0(loader):
         dist.all_reduce(batch)
     batches = loader
     if dist.get_rank() == 0:
-        batches = tqdm(loader, desc="epoch")
+        batches = tqdm(batches, desc="epoch")
     for batch in batches:
         dist.all_reduce(batch)

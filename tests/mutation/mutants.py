@@ -2136,7 +2136,7 @@ MUTANTS = (
     ),
     Mutant(
         "lint-progress-bar-assignment-taken-for-a-rank-dependent-loop", "the static lint",
-        "refddp/lint/dataflow.py", "            if over is not None:  # ``if rank == 0:",
+        "refddp/lint/dataflow.py", "            if _rewraps(node, over):  # ``if rank == 0:",
         "            if False:  # ``if rank == 0:", (f"{T_LINT}[pieces_and_progress_bars_fixed.py]",),
     ),
     Mutant(
@@ -2145,8 +2145,7 @@ MUTANTS = (
     ),
     Mutant(
         "lint-hugging-face-flags-unknown", "the static lint", "refddp/lint/rank_values.py",
-        '    "is_world_process_zero", "is_local_process_zero", "should_save", "should_log",',
-        '    "is_world_process_zero", "is_local_process_zero",', (f"{T_LINT}[pieces_and_progress_bars.py]",),
+        '|main_rank|(world|local)_process_zero)"', '|main_rank)"', (f"{T_LINT}[pieces_and_progress_bars.py]",),
     ),
     Mutant(
         "lint-one-unreadable-file-ends-the-run", "the lint's exit status", "refddp/lint/sources.py",
@@ -2170,6 +2169,22 @@ MUTANTS = (
         "lint-global-statement-writes-unseen", "the static lint", "refddp/lint/dataflow.py",
         "            if target.id in self.global_names:", "            if False:",
         (f"{T_LINT}[module_globals_set_in_a_function.py]",),
+    ),
+    Mutant(
+        "lint-progress-bar-over-another-loader-passes", "the static lint", "refddp/lint/dataflow.py",
+        "    return (isinstance(over, ast.Name) and len(targets) == 1",
+        "    return (over is not None or len(targets) == 1", (f"{T_LINT}[pieces_and_progress_bars.py]",),
+    ),
+    Mutant(
+        "lint-nested-global-taken-for-the-functions", "the static lint", "refddp/lint/dataflow.py",
+        "        elif not isinstance(node, NESTED_SCOPES):", "        else:",
+        (f"{T_LINT}[module_globals_set_in_a_function_fixed.py]",),
+    ),
+    Mutant(
+        "lint-rest-after-an-exit-said-to-run-where-it-leaves", "the static lint", "refddp/lint/rules.py",
+        "                    ctx = Context(node.text, node.rank, negated=self._leaves_alone(node))",
+        "                    ctx = Context(node.text, node.rank)",
+        (f"{T_LINT_CMD}::test_a_note_after_an_early_return_says_where_the_rest_runs",),
     ),
     Mutant(
         "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
@@ -2774,6 +2789,11 @@ MUTANTS = (
         "fresh-run-keeps-earlier-checkpoints", "a fresh run takes none of an earlier run's checkpoints",
         TRAINER, "        fresh, self.saves_fresh = self.saves_fresh, False",
         "        fresh, self.saves_fresh = False, False", (T_FRESH_RUN,),
+    ),
+    Mutant(
+        "fresh-run-removes-its-init-from-source", "a fresh run takes none of an earlier run's checkpoints",
+        TRAINER, "        if self.saves_fresh and c.init_from and run_files.is_within(c.init_from,",
+        "        if False and run_files.is_within(c.init_from,", (T_FRESH_RUN,),
     ),
     Mutant(
         "fresh-run-forgets-its-own-format-only", "a fresh run takes none of an earlier run's checkpoints",

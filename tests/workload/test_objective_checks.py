@@ -19,7 +19,7 @@ CASES = {
     ),
     "a-batch-with-no-targets": (
         dict(TOKEN_RUN, data="tests.sequence_code:no_target_sequences"),
-        "loss: no targets in the first batch nor in 8 samples spread over the training set "
+        "loss: no targets in the first batch nor in 8 samples spread over the dataset "
         "(every label is -100)",
     ),
     "a-dict-batch-without-labels": (

@@ -81,7 +81,7 @@ def test_a_dataset_whose_first_samples_are_unlabelled_is_checked_on_samples_acro
     build_objective(c, nn.Linear(3, 4), TensorPairDataset(torch.randn(64, 3), y),
                     torch.device("cpu"))  # fmt: skip
     with pytest.raises(ConfigError, match=r"^loss: no targets in the first batch nor in 8 "
-                       r"samples spread over the training set \(every label is -100\)"):
+                       r"samples spread over the dataset \(every label is -100\)"):
         build_objective(c, nn.Linear(3, 4), TensorPairDataset(torch.randn(64, 3),
                         torch.full((64,), -100)), torch.device("cpu"))  # fmt: skip
 

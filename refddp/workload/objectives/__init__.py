@@ -20,7 +20,13 @@ from refddp.config.schema import ConfigError, TrainConfig
 from refddp.config.validation import is_import_path
 from refddp.workload.imports import load_callable
 from refddp.workload.objectives.base import LossTerms, Objective
-from refddp.workload.objectives.batches import NoTargets, first_batch, to_device
+from refddp.workload.objectives.batches import (
+    NoTargets,
+    first_batch,
+    samples,
+    spread_indices,
+    to_device,
+)
 from refddp.workload.objectives.cross_entropy import CrossEntropy
 from refddp.workload.objectives.model_loss import ModelLoss
 from refddp.workload.objectives.user_loss import UserLoss
@@ -51,6 +57,23 @@ def objective_for(c: TrainConfig) -> Objective:
     return objective
 
 
+def checked_across(objective: Objective, model: nn.Module, dataset: Any,
+                   device: torch.device) -> Any:  # fmt: skip
+    """Check ``objective`` on samples spread over ``dataset``, one at a time (a batch no
+    larger than the run's), up to the first with targets, which it returns; none: one line."""
+    for index in spread_indices(dataset, PROBE_SAMPLES):
+        sample = to_device(samples(dataset, [index]), device)
+        try:
+            objective.check(model, sample)
+        except NoTargets:
+            continue
+        return sample
+    raise ConfigError(
+        f"loss: no targets in the first batch nor in {PROBE_SAMPLES} samples spread over the "
+        "dataset (every label is -100): check the data"
+    )
+
+
 def build_objective(
     c: TrainConfig,
     model: nn.Module,
@@ -71,14 +94,7 @@ def build_objective(
             try:
                 objective.check(model, batch)
             except NoTargets:  # leading unlabelled samples, say: look across the dataset
-                batch = to_device(first_batch(dataset, PROBE_SAMPLES, spread=True), device)
-                try:
-                    objective.check(model, batch)
-                except NoTargets:
-                    raise ConfigError(
-                        f"loss: no targets in the first batch nor in {PROBE_SAMPLES} samples "
-                        "spread over the training set (every label is -100): check the data"
-                    ) from None
+                batch = checked_across(objective, model, dataset, device)
             if objective.user_metrics is not None:
                 outputs = objective.forward(model, batch)
                 objective.user_metrics.check(outputs, batch)

@@ -103,15 +103,23 @@ class NoTargets(ConfigError):
         super().__init__("loss: the batch has no targets (every label is -100): check the data")
 
 
-def first_batch(dataset: Any, size: int, spread: bool = False) -> Any:
-    """The first ``size`` samples of ``dataset`` (``spread``: ``size`` samples evenly spread
-    over it), collated as the loaders collate them.
+def first_batch(dataset: Any, size: int) -> Any:
+    """The first ``size`` samples of ``dataset``, collated as the loaders collate them."""
+    return samples(dataset, range(min(size, len(dataset))))
+
+
+def spread_indices(dataset: Any, count: int) -> list[int]:
+    """``count`` indices evenly spread over ``dataset``, its first and last included."""
+    count = min(count, len(dataset))
+    step = (len(dataset) - 1) / max(count - 1, 1)
+    return sorted({round(i * step) for i in range(count)})
+
+
+def samples(dataset: Any, indices: Any) -> Any:
+    """The samples of ``dataset`` at ``indices``, collated as the loaders collate them.
 
     Random augmentation in ``__getitem__`` must not shift the run's random streams: fetched
     under a fixed seed, with torch's, Python's and numpy's generators restored after."""
-    count = min(size, len(dataset))
-    step = (len(dataset) - 1) / max(count - 1, 1) if spread else 1
-    indices = sorted({round(i * step) for i in range(count)})
     torch_state, others = torch.get_rng_state(), host_random.states()
     try:
         torch.default_generator.manual_seed(0)  # the CPU's only: manual_seed reseeds GPUs
