@@ -143,7 +143,7 @@ def test_init_from_starts_a_new_run_from_the_weights_only(run_cli, tiny):
         assert_same_weights(tuned.weights(), fresh.weights())
 
 
-@pytest.mark.slow  # CLI runs: ~20 s
+@pytest.mark.slow  # CLI runs: ~40 s
 def test_a_fresh_run_in_a_used_directory_leaves_none_of_the_earlier_runs_checkpoints(run_cli, tiny):
     # An earlier run (steps 4 and 8 saved) in the plain file: a fresh run's first save used
     # to move its latest into checkpoint_previous, so a damaged latest then resumed the
@@ -158,6 +158,11 @@ def test_a_fresh_run_in_a_used_directory_leaves_none_of_the_earlier_runs_checkpo
                       check=False, **tiny)  # fmt: skip
     assert refused.returncode == 2 and "error: init_from: " in refused.stderr, refused.stderr
     assert (checkpoints / BEST).exists()
+    # A fresh run whose first save is no best (a stop before any evaluation): the earlier
+    # best goes too.
+    run_cli("--max-steps", 8, "--eval-every", 4, out="stopped", **tiny)
+    stopped = run_cli("--stop-after", 2, "--resume", "never", out="stopped", **tiny)
+    assert sorted(os.listdir(stopped.out / "checkpoints")) == [LATEST]
     (checkpoints / LATEST).write_bytes(b"damaged")
     damaged = run_cli("--max-steps", 8, out="run", check=False, **tiny)
     assert damaged.returncode != 0 and "checkpoint_latest.pth: corrupt" in damaged.stderr

@@ -2796,6 +2796,12 @@ MUTANTS = (
         "        if False and run_files.is_within(c.init_from,", (T_FRESH_RUN,),
     ),
     Mutant(
+        "fresh-run-keeps-the-earlier-best", "a fresh run takes none of an earlier run's checkpoints",
+        "refddp/checkpoints/formats.py",
+        "        keep = () if fmt is not written else (fmt.LATEST, *([fmt.BEST] if is_best else []))",
+        "        keep = () if fmt is not written else (fmt.LATEST, fmt.BEST)", (T_FRESH_RUN,),
+    ),
+    Mutant(
         "fresh-run-forgets-its-own-format-only", "a fresh run takes none of an earlier run's checkpoints",
         "refddp/checkpoints/formats.py", "    for fmt in every():\n        keep =",
         "    for fmt in [written]:\n        keep =", (T_FRESH_RUN,),
