@@ -26,6 +26,7 @@ from refddp.lint.ir import Builder
 from refddp.lint.rules import Rules
 from refddp.lint.sequences import Sequences
 from refddp.lint.sources import LintUsageError, Module, from_tree, load, load_readable
+from refddp.lint.turns import Turns
 
 __all__ = ["CODES", "Analysis", "Finding", "LintUsageError", "analyse", "findings",
            "lint_modules", "lint_paths", "lint_readable_paths", "lint_source"]  # fmt: skip
@@ -46,10 +47,11 @@ class Analysis:
 
 def analyse(modules: list[Module]) -> Analysis:
     """Index, follow the facts to a fixed point (``fixpoint.py``), build every function's
-    tree."""
+    tree, pair the turns of "rank 0 goes first" (``turns.py``)."""
     package = Package(modules)
     flows = Fixpoint(package).run()
-    trees = {q: Builder(package.functions[q], flow).build() for q, flow in flows.items()}
+    built = {q: Builder(package.functions[q], flow).build() for q, flow in flows.items()}
+    trees = Turns(Sequences(built)).trees(built)
     return Analysis(package, flows, trees, Sequences(trees))
 
 

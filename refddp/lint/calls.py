@@ -19,6 +19,10 @@ from refddp.lint.rank_values import NOTHING, Facts
 from refddp.lint.sources import Module
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.Module
+# what starts processes with a function whose first argument is the process's index
+SPAWNERS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+                      "torch.multiprocessing.spawn.spawn",
+                      "torch.multiprocessing.spawn.start_processes"})
 
 
 @dataclass(eq=False)
@@ -101,6 +105,29 @@ class Package:
         for module in self.modules.values():
             self._index_body(module, module.tree, f"{module.name}.<module>", None, None)
         self._family: dict[str, frozenset[str]] = {}
+        # a function torch.multiprocessing starts ranks with -> the call: its first
+        # parameter is the process index, whatever its name (``def main_worker(gpu, ...)``)
+        self.spawned: dict[str, ast.Call] = {}
+        for module in self.modules.values():
+            self._find_spawned(module)
+
+    def _find_spawned(self, module: Module) -> None:
+        for node in ast.walk(module.tree):
+            if not isinstance(node, ast.Call) or self._dotted(module, node.func) not in SPAWNERS:
+                continue
+            fn = node.args[0] if node.args else next(
+                (k.value for k in node.keywords if k.arg == "fn"), None)  # fmt: skip
+            if isinstance(fn, ast.Name):
+                target = self.module_level(module, fn.id)
+                if target in self.functions:
+                    self.spawned.setdefault(target, node)
+
+    def _dotted(self, module: Module, node: ast.expr) -> str | None:
+        """A module-level dotted name's target (``mp.spawn``: torch.multiprocessing.spawn)."""
+        if isinstance(node, ast.Attribute):
+            head = self._dotted(module, node.value)
+            return f"{head}.{node.attr}" if head else None
+        return self.module_level(module, node.id) if isinstance(node, ast.Name) else None
 
     def _index_body(self, module: Module, node: FunctionNode, qualname: str,
                     cls: str | None, parent: Function | None) -> Function:  # fmt: skip

@@ -101,6 +101,10 @@ class Flow:
                             params=frozenset({param}))  # fmt: skip
             if param in RANK_NAMES or HELPER.match(param):
                 facts = facts.ranked(Origin(self.path, node.lineno, f"parameter {param}"))
+            elif i == 0 and function.qualname in self.package.spawned:
+                spawn = self.package.spawned[function.qualname]
+                facts = facts.ranked(Origin(self.path, node.lineno, f"parameter {param}, the "
+                                            f"process index {ast.unparse(spawn.func)}() passes"))
             if i == 0 and function.is_method:
                 facts = facts | Facts(classes=frozenset({function.cls}))
             facts = facts | Facts(classes=self.annotated(param))

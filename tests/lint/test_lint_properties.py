@@ -2,7 +2,8 @@
 
 Hypothesis writes random functions from a small language (collectives, a package helper that
 issues one, branches on rank-dependent and on uniform conditions, loops over range(rank) and
-over a uniform count, return / break / continue, ``cond and collective``, nested in each other;
+over a uniform count, return / break / continue, ``cond and collective``, two branches on one
+rank value with a collective each and code between ("rank 0 goes first"), nested in each other;
 a rank-dependent construct is not nested inside another, which the lint compares by shape
 alone: docs/harness.md's limits of the lint), and a reference
 interpreter runs each one's control flow for ranks 0, 1 and 2 under every value the uniform
@@ -18,6 +19,10 @@ conditions and counts can take, recording the collectives each rank issues. Then
 - every collective the lint reports runs a different number of times on two ranks for some
   values (or never runs at all), where uniform values are as the lint models them: the same
   on every rank at each evaluation, not necessarily the same at the next (``Decorrelated``).
+
+A turn's two collectives run a different number of times on two ranks though every rank issues
+one, so the last property cannot tell a pair the lint should pass from one it should not:
+``test_two_turns_pass_iff_they_complement_each_other_around_quiet_code`` checks the pairing.
 """
 
 from __future__ import annotations
@@ -34,6 +39,16 @@ from refddp.lint import lint_source
 COLLECTIVES = ("all_reduce", "barrier", "broadcast")
 RANK_CONDS = {"rank == 0": lambda r: r == 0, "rank != 0": lambda r: r != 0,
               "rank > 0": lambda r: r > 0, "is_main": lambda r: r == 0}  # fmt: skip
+# "rank 0 goes first": two branches on one value, each with a collective, something between;
+# the conditions complement each other or do not (turns.py)
+TURN_CONDS = {"rank >= 1": lambda r: r >= 1, "rank < 1": lambda r: r < 1,
+              "rank not in (-1, 0)": lambda r: r not in (-1, 0), "rank in [0]": lambda r: r == 0,
+              "rank == 1": lambda r: r == 1, "rank != 1": lambda r: r != 1,
+              "not is_main": lambda r: r != 0}  # fmt: skip
+ALL_RANK_CONDS = {**RANK_CONDS, **TURN_CONDS}
+TURN_FAMILIES = (("rank == 0", "rank != 0", "rank > 0", "rank >= 1", "rank < 1",
+                  "rank not in (-1, 0)", "rank in [0]", "rank == 1", "rank != 1"),
+                 ("is_main", "not is_main"))  # fmt: skip
 UNIFORM_CONDS = ("c1", "c2")
 PREAMBLE = """import torch.distributed as dist
 
@@ -74,7 +89,13 @@ def statements(depth: int, in_loop: bool, under_rank: bool = False):
         lambda c: st.tuples(st.just("if"), st.just(c), block(c), block(c)))
     loops = st.sampled_from(["n1"] if under_rank else ["rank", "n1"]).flatmap(
         lambda n: st.tuples(st.just("for"), st.just(n), block(n, loop=True)))
-    return st.one_of(*leaf, branches, loops)
+    if under_rank:
+        return st.one_of(*leaf, branches, loops)
+    family = st.sampled_from(TURN_FAMILIES)
+    turns = family.flatmap(lambda f: st.tuples(
+        st.just("turn"), st.sampled_from(f), st.sampled_from(f), st.sampled_from(COLLECTIVES),
+        st.sampled_from(COLLECTIVES), st.lists(statements(depth - 1, in_loop), max_size=2)))
+    return st.one_of(*leaf, branches, loops, turns)
 
 
 programs = st.lists(statements(2, False), min_size=1, max_size=5)
@@ -115,7 +136,18 @@ def render(program) -> tuple[str, list]:
                 lines.append(" " * indent + f"for _ in range({s[1]}):")
                 where = len(lines)
                 out.append(("for", s[1], emit(s[2], indent + 4), where))
+            elif kind == "turn":  # if A: coll_a / what runs between / if B: coll_b
+                _, first, second, name_a, name_b, between = s
+                out.append(turn(first, name_a, indent))
+                out += emit(between, indent)
+                out.append(turn(second, name_b, indent))
         return out
+
+    def turn(cond, name, indent):
+        lines.append(" " * indent + f"if {cond}:")
+        where = len(lines)
+        lines.append(" " * (indent + 4) + f"dist.{name}({'t, 0' if name == 'broadcast' else 't'})")
+        return ("if", cond, [("coll", name, len(lines))], [], where)
 
     numbered = emit(program, 4)
     return "\n".join(lines) + "\n", numbered
@@ -132,7 +164,7 @@ def run(program, rank: int, uniform) -> list[tuple[str, int]]:
     trace: list[tuple[str, int]] = []
 
     def holds(cond, line):
-        return RANK_CONDS[cond](rank) if cond in RANK_CONDS else uniform(cond, line)
+        return ALL_RANK_CONDS[cond](rank) if cond in ALL_RANK_CONDS else uniform(cond, line)
 
     def block(stmts):
         for s in stmts:
@@ -275,3 +307,51 @@ def f(t):
 """
     flagged = {f.line for f in lint_source(source, "generated.py") if not f.is_note}
     assert {13, 15} <= flagged, flagged
+
+
+# What may run between the two turns of "rank 0 goes first": quiet (nothing communicates,
+# nothing leaves) or not.
+QUIET = ("data = download()", "if c1:\n        data = download()", "pass")
+NOISY = ("dist.all_reduce(t)", "sync(t)", "if c1:\n        return", "if rank == 0:\n        dist.barrier()")
+TURN_SOURCE = PREAMBLE.replace("def f(t):", """def download():
+    return [0]
+
+
+def f(t):""")
+
+
+def turn_sequences(first, second, x, y, between, rank, c1) -> list[str]:
+    """The collectives one rank issues in a generated turn (the reference)."""
+    seq = [x] if ALL_RANK_CONDS[first](rank) else []
+    for b in between:
+        if b in ("dist.all_reduce(t)", "sync(t)"):
+            seq.append("all_reduce")
+        elif b.startswith("if c1:\n        return") and c1:
+            return seq
+        elif b.startswith("if rank == 0") and rank == 0:
+            seq.append("barrier")
+    return seq + ([y] if ALL_RANK_CONDS[second](rank) else [])
+
+
+@settings(max_examples=PROGRAMS or 300, deadline=None, derandomize=not PROGRAMS)
+@given(st.sampled_from(TURN_FAMILIES).flatmap(lambda f: st.tuples(st.sampled_from(f),
+                                                                  st.sampled_from(f))),
+       st.sampled_from(("barrier", "all_reduce")), st.sampled_from(("barrier", "all_reduce")),
+       st.lists(st.sampled_from(QUIET + NOISY), max_size=3))  # fmt: skip
+def test_two_turns_pass_iff_they_complement_each_other_around_quiet_code(conds, x, y, between):
+    """Paired (complementary conditions, one collective, quiet code between): nothing
+    reported. Ranks 0-3 issuing different sequences for some value of ``c1``: reported."""
+    first, second = conds
+    call = {"barrier": "dist.barrier()", "all_reduce": "dist.all_reduce(t)"}
+    lines = [*TURN_SOURCE.splitlines(), f"    if {first}:", f"        {call[x]}",
+             *(f"    {b}" for b in between), f"    if {second}:", f"        {call[y]}"]
+    source = "\n".join(lines) + "\n"
+    flagged = {f.line for f in lint_source(source, "generated.py") if not f.is_note}
+    ranks = range(4)
+    complement = all(ALL_RANK_CONDS[first](r) != ALL_RANK_CONDS[second](r) for r in ranks)
+    if complement and x == y and all(b in QUIET for b in between):
+        assert flagged == set(), source  # every rank issues one, nothing between: fine
+    disagree = any(len({tuple(turn_sequences(first, second, x, y, between, r, c1))
+                        for r in ranks}) > 1 for c1 in (False, True))  # fmt: skip
+    if disagree:
+        assert flagged, source

@@ -89,6 +89,8 @@ LINT_VALUES, LINT_FLOW = "refddp/lint/rank_values.py", "refddp/lint/dataflow.py"
 T_LINT = "tests/lint/test_lint_cases.py::test_the_lint_reports_exactly_the_planted_lines"
 T_LINT_PROPS = ("tests/lint/test_lint_properties.py::"
                 "test_the_lint_flags_a_collective_iff_the_ranks_can_disagree")
+T_LINT_TURNS = ("tests/lint/test_lint_properties.py::"
+                "test_two_turns_pass_iff_they_complement_each_other_around_quiet_code")
 T_LINT_CMD, T_LINT_SELF = "tests/lint/test_lint_commands.py", "tests/project/test_no_collective_under_rank_branch.py"
 
 
@@ -2190,6 +2192,45 @@ MUTANTS = (
         "lint-bad-path-is-a-traceback", "the lint's exit status", "refddp/lint/__main__.py",
         "    except LintUsageError as exc:", "    except ZeroDivisionError as exc:",
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
+    ),
+    Mutant(
+        "lint-turns-never-paired", "the static lint", "refddp/lint/turns.py",
+        "            j = self.partner(nodes, i)", "            j = None",
+        (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-turns-paired-across-communicating-code", "the static lint", "refddp/lint/turns.py",
+        "            if not self.quiet(nodes[j]):", "            if False:",
+        (lint_case("rank_zero_goes_first.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-turns-paired-across-a-package-call-that-communicates", "the static lint",
+        "refddp/lint/turns.py",
+        "            return node.kind != \"package\" or node.guess or not any(",
+        "            return True or node.guess or not any(",
+        (lint_case("rank_zero_goes_first.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-turns-pair-any-two-tests-of-one-value", "the static lint", "refddp/lint/turns.py",
+        "        return (self.subject, self.values) == (other.subject, other.values) and (",
+        "        return self.subject == other.subject and (",
+        (lint_case("rank_zero_goes_first.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-turns-greater-than-misread", "the static lint", "refddp/lint/turns.py",
+        "        return Test(subject, upto(k + 1), False)", "        return Test(subject, upto(k), False)",
+        (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-turns-not-distributed-rank-kept", "the static lint", "refddp/lint/turns.py",
+        "        values = frozenset(n for n in numbers if n is not None and n >= 0)",
+        "        values = frozenset(n for n in numbers if n is not None)",
+        (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),
+    ),
+    Mutant(
+        "lint-spawned-worker-index-unseen", "the static lint", LINT_FLOW,
+        "            elif i == 0 and function.qualname in self.package.spawned:", "            elif False:",
+        (lint_case("spawn_worker.py"),),
     ),
     Mutant(
         "dist-lint-items-pass-whatever-the-findings", "pytest --dist-lint",

@@ -1,0 +1,195 @@
+""""Rank 0 goes first": two branches that issue the same collectives on complementary ranks.
+
+::
+
+    if rank != 0:
+        dist.barrier()   # the other ranks wait here...
+    prepare_data()       # ...while rank 0 downloads or builds a cache,
+    if rank == 0:
+        dist.barrier()   # then rank 0 meets them here
+
+Every rank issues one barrier, at two places in the code. The rules compare a branch's two
+sides without solving conditions, so they would see two barriers that each only some ranks
+reach. YOLOv5's ``torch_distributed_zero_first``, Accelerate's ``main_process_first`` and many
+training scripts are written this way.
+
+This pass runs before the rules. It finds such pairs in one block of code and puts the first
+branch's collectives in its place, outside any condition, and drops the second branch. That
+is what each rank issues, provided that the code between the two issues no collective and
+cannot leave the block. Two conditions are complementary when they test the same expression
+(``rank``, ``dist.get_rank()``, ``is_main``) and hold on complementary sets of ranks, rank
+numbers being taken as ≥ 0 (``local_rank not in [-1, 0]`` against ``local_rank == 0``,
+``rank > 0`` against ``rank == 0``, ``not is_main`` against ``is_main``).
+
+In a context manager the body of the caller's ``with`` runs between the two branches, at the
+``yield``. The lint does not see that, so it does not check the ``with`` body's collectives
+against the pair.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from refddp.lint.ir import Branch, Call, Exit, Loop, Try
+from refddp.lint.sequences import Sequences
+
+LARGEST_RANK = 1 << 20  # a comparison against a larger number is not read as a rank test
+
+
+@dataclass(frozen=True)
+class Test:
+    """A condition on one expression: it holds exactly where the expression's value is in
+    ``values`` (``inside``), or exactly where it is not."""
+
+    subject: str  # the expression tested, as ``ast.dump`` writes it
+    values: frozenset
+    inside: bool
+
+    def negated(self) -> Test:
+        return Test(self.subject, self.values, not self.inside)
+
+    def complements(self, other: Test) -> bool:
+        return (self.subject, self.values) == (other.subject, other.values) and (
+            self.inside != other.inside)
+
+
+def rank_test(node: ast.expr) -> Test | None:
+    """What ``node`` tests, where it is a comparison of one expression with integers or a
+    truth value (``rank == 0``, ``local_rank not in (-1, 0)``, ``not is_main``); else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = rank_test(node.operand)
+        return inner.negated() if inner else None
+    if isinstance(node, ast.Compare):
+        if len(node.ops) != 1:
+            return None
+        return _comparison(node.left, node.ops[0], node.comparators[0])
+    if isinstance(node, ast.Name | ast.Attribute | ast.Call):
+        return Test(ast.dump(node), frozenset({True}), True)
+    return None
+
+
+_FLIPPED = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE,
+            ast.Eq: ast.Eq, ast.NotEq: ast.NotEq}  # fmt: skip
+
+
+def _comparison(left: ast.expr, op: ast.cmpop, right: ast.expr) -> Test | None:
+    if _integer(left) is not None and _integer(right) is None and type(op) in _FLIPPED:
+        left, right, op = right, left, _FLIPPED[type(op)]()  # 0 == rank: rank == 0
+    subject = ast.dump(left)
+    if isinstance(op, ast.In | ast.NotIn):
+        if not isinstance(right, ast.List | ast.Tuple | ast.Set):
+            return None
+        numbers = [_integer(e) for e in right.elts]
+        if any(n is None for n in numbers):
+            return None
+        values = frozenset(n for n in numbers if n is not None and n >= 0)
+        return Test(subject, values, isinstance(op, ast.In))
+    k = _integer(right)
+    if k is None or not -1 <= k <= LARGEST_RANK:
+        return None
+    upto = lambda n: frozenset(range(max(n, 0)))  # noqa: E731 (ranks 0..n-1)
+    if isinstance(op, ast.Eq | ast.NotEq):
+        return Test(subject, frozenset({k} if k >= 0 else ()), isinstance(op, ast.Eq))
+    if isinstance(op, ast.Lt):
+        return Test(subject, upto(k), True)
+    if isinstance(op, ast.LtE):
+        return Test(subject, upto(k + 1), True)
+    if isinstance(op, ast.Gt):
+        return Test(subject, upto(k + 1), False)
+    if isinstance(op, ast.GtE):
+        return Test(subject, upto(k), False)
+    return None
+
+
+def _integer(node: ast.expr) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _integer(node.operand)
+        return -inner if inner is not None else None
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
+class Turns:
+    """Rewrites each function's tree, pairing the turns; ``seq`` (of the trees as built)
+    tells whether a call of the package's own functions between them communicates."""
+
+    def __init__(self, seq: Sequences):
+        self.seq = seq
+
+    def trees(self, trees: dict[str, list]) -> dict[str, list]:
+        return {q: self.block(tree) for q, tree in trees.items()}
+
+    def block(self, nodes: list) -> list:
+        nodes = [self.inside(n) for n in nodes]
+        out: list = []
+        i = 0
+        while i < len(nodes):
+            j = self.partner(nodes, i)
+            if j is None:
+                out.append(nodes[i])
+                i += 1
+                continue
+            # the first turn's collectives, on every rank; what ran between; not the second
+            out += nodes[i].a + nodes[i + 1 : j]
+            i = j + 1
+        return out
+
+    def inside(self, node):
+        """``node`` with the blocks inside it rewritten."""
+        if isinstance(node, Branch):
+            return Branch(node.node, node.text, node.rank, self.block(node.a),
+                          self.block(node.b), node.params, node.membership)  # fmt: skip
+        if isinstance(node, Loop):
+            return Loop(node.node, node.text, node.rank, self.block(node.body),
+                        self.block(node.orelse), node.params)  # fmt: skip
+        if isinstance(node, Try):
+            return Try(self.block(node.body), [self.block(h) for h in node.handlers],
+                       self.block(node.orelse), self.block(node.final))  # fmt: skip
+        return node
+
+    def partner(self, nodes: list, i: int) -> int | None:
+        """The index of the turn that completes the one at ``i``, if it is one."""
+        first = _turn(nodes[i])
+        if first is None:
+            return None
+        test, names = first
+        for j in range(i + 1, len(nodes)):
+            second = _turn(nodes[j])
+            if second is not None and second[0].complements(test) and second[1] == names:
+                return j
+            if not self.quiet(nodes[j]):
+                return None
+        return None
+
+    def quiet(self, node) -> bool:
+        """``node`` issues no collective and cannot leave: what may run between two turns."""
+        if isinstance(node, Exit):
+            return False
+        if isinstance(node, Call):
+            if node.kind in ("collective", "param", "maybe"):
+                return False
+            return node.kind != "package" or node.guess or not any(
+                self.seq.issues(t) for t in node.targets)  # fmt: skip
+        if isinstance(node, Branch):
+            return all(map(self.quiet, node.a + node.b))
+        if isinstance(node, Loop):
+            return all(map(self.quiet, node.body + node.orelse))
+        if isinstance(node, Try):
+            return all(map(self.quiet, node.body + node.orelse + node.final +
+                           [n for h in node.handlers for n in h]))  # fmt: skip
+        return True
+
+
+def _turn(node) -> tuple[Test, tuple[str, ...]] | None:
+    """A turn: an ``if`` whose condition depends on the rank (or on a parameter), whose body
+    issues collectives and nothing else that matters, and whose ``else`` (if any) nothing that
+    matters; its test and the collectives' names."""
+    if not (isinstance(node, Branch) and isinstance(node.node, ast.If) and node.a
+            and not node.b and (node.rank or node.params)):  # fmt: skip
+        return None
+    if not all(isinstance(n, Call) and n.kind == "collective" for n in node.a):
+        return None
+    test = rank_test(node.node.test)
+    return (test, tuple(n.name for n in node.a)) if test else None

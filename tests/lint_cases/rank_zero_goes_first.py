@@ -1,0 +1,65 @@
+""""Rank 0 goes first" written wrong: two rank-dependent barriers that do not pair up, because
+something between them communicates or leaves, or their conditions leave a rank out."""
+
+import torch.distributed as dist
+
+
+def reduce_between(rank, x):
+    if rank != 0:
+        dist.barrier()  # expect: RDL101
+    dist.all_reduce(x)  # rank 0 reduces before the barrier, the others after it
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def rank_one_waits_for_nobody(rank):
+    if rank > 1:
+        dist.barrier()  # expect: RDL101
+    prepare()
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def return_between(rank, path):
+    if rank != 0:
+        dist.barrier()  # expect: RDL101
+    if not path:
+        return
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def one_barrier_too_many(rank):
+    if rank != 0:
+        dist.barrier()
+    prepare()
+    if rank == 0:
+        dist.barrier()
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def meet(x):
+    dist.all_reduce(x)
+
+
+def package_call_between(x):
+    rank = dist.get_rank()
+    if rank != 0:
+        dist.barrier()  # expect: RDL101
+    meet(x)
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def prepare():
+    return [0]
+
+
+def main(x):
+    rank = dist.get_rank()
+    reduce_between(rank, x)
+    rank_one_waits_for_nobody(rank)
+    return_between(rank, "data")
+    one_barrier_too_many(rank)
+    package_call_between(x)
