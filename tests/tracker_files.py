@@ -120,5 +120,10 @@ def wandb_curves(segments: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 
 def history(out: Path | str) -> list[dict]:
+    """``out/history.jsonl``'s records, read as strict JSON (``NaN`` or ``Infinity`` fail)."""
     with open(os.path.join(out, "history.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line, parse_constant=_not_json) for line in f if line.strip()]
+
+
+def _not_json(constant: str):
+    raise ValueError(f"history.jsonl holds {constant}, which strict JSON parsers refuse")

@@ -183,9 +183,17 @@ def library_call(qualname: str) -> Verdict:
     return Verdict("safe", qualname)
 
 
+# A torchmetrics metric's (or MetricCollection's) compute() and sync() gather its states from
+# every rank when torch.distributed is initialized (sync_on_compute=True, the default).
+TORCHMETRICS_COLLECTIVES = frozenset({"compute", "sync"})
+
+
 def method_call(method: str, library: str | None, keywords: dict[str, object]) -> Verdict | None:
     """A method call on an object from ``library`` (None: not known), by the method's name;
     None when the name alone does not tell."""
+    if library == "torchmetrics" and method in TORCHMETRICS_COLLECTIVES:
+        return Verdict("collective", f"metric.{method}()", "a torchmetrics metric gathers its "
+                       "states from every rank unless made with sync_on_compute=False")
     if library == "accelerate":
         if method in ACCELERATOR_COLLECTIVES:
             return Verdict("collective", f"accelerator.{method}")

@@ -24,7 +24,7 @@ def library_of(dotted: str | None) -> str | None:
     for any other (its methods are taken to issue no collective)."""
     if not dotted or dotted.startswith("builtins."):
         return None
-    for lib in COLLECTIVE_LIBRARIES:
+    for lib in (*COLLECTIVE_LIBRARIES, "torchmetrics"):  # a metric: its compute() gathers
         if dotted == lib or dotted.startswith(lib + "."):
             return lib
     return "library"

@@ -8,7 +8,6 @@ same number of forwards, the ones past their shard's end counting nothing.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from refddp.checkpoints.run_state import unwrap
 from refddp.config.schema import ConfigError, TrainConfig
 from refddp.launch.dist import DistContext, agree_any, rank0_then_meet
 from refddp.training.parallel import runs_in_lockstep
+from refddp.training.trackers.jsonl import strict_json
 from refddp.training.watchdog import HangWatchdog
 from refddp.workload.data import ShardSampler, build_datasets, make_loader
 from refddp.workload.models import build_model
@@ -167,7 +167,7 @@ def run_eval(c: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     def write() -> None:
         path = os.path.join(c.out, "eval.json")
         with writing(path), open(path, "w") as f:
-            json.dump(result, f, indent=2)
+            f.write(strict_json(result, indent=2))
 
     rank0_then_meet(write)
     return result

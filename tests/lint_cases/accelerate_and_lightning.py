@@ -1,5 +1,8 @@
-"""Accelerate's and Lightning's rank flags around their collectives."""
+"""Accelerate's and Lightning's rank flags around their collectives, and a torchmetrics metric's
+compute(), which gathers its states from every rank."""
 
+import torch.distributed as dist
+import torchmetrics
 from accelerate import Accelerator
 
 
@@ -19,3 +22,14 @@ def lightning_hook(trainer, pl_module, t):
         trainer.strategy.barrier()  # expect: RDL101
     if pl_module.global_rank == 0:
         pl_module.all_gather(t)  # expect: RDL101
+
+
+def torchmetrics_epoch_end(preds, target):
+    accuracy = torchmetrics.Accuracy(task="binary")
+    accuracy.update(preds, target)
+    if trainer_is_main():
+        print(accuracy.compute())  # expect: RDL101
+
+
+def trainer_is_main():
+    return dist.get_rank() == 0

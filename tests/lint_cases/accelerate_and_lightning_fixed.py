@@ -1,5 +1,7 @@
 """Every process meets; the main process alone writes and prints."""
 
+import torch.distributed as dist
+import torchmetrics
 from accelerate import Accelerator
 
 
@@ -19,3 +21,11 @@ def lightning_hook(trainer, pl_module, t):
     gathered = pl_module.all_gather(t)
     if trainer.is_global_zero:
         print(gathered)
+
+
+def torchmetrics_epoch_end(preds, target):
+    accuracy = torchmetrics.Accuracy(task="binary")
+    accuracy.update(preds, target)
+    value = accuracy.compute()  # every rank: it gathers the states
+    if dist.get_rank() == 0:
+        print(value)

@@ -2194,6 +2194,23 @@ MUTANTS = (
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
     ),
     Mutant(
+        "history-writes-nan", "skips on the record", "refddp/training/trackers/jsonl.py",
+        "    return json.dumps(_finite_or_none(value), indent=indent, allow_nan=False)",
+        "    return json.dumps(value, indent=indent)",
+        ("tests/training/test_skipped_steps.py::test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1",
+         "tests/training/test_trackers.py::test_history_and_eval_json_write_non_finite_numbers_as_null"),
+    ),
+    Mutant(
+        "lint-torchmetrics-compute-unseen", "the static lint", "refddp/lint/collectives.py",
+        "    if library == \"torchmetrics\" and method in TORCHMETRICS_COLLECTIVES:", "    if False:",
+        (lint_case("accelerate_and_lightning.py"),),
+    ),
+    Mutant(
+        "lint-torchmetrics-objects-unknown", "the static lint", "refddp/lint/scope.py",
+        "    for lib in (*COLLECTIVE_LIBRARIES, \"torchmetrics\"):", "    for lib in COLLECTIVE_LIBRARIES:",
+        (lint_case("accelerate_and_lightning.py"),),
+    ),
+    Mutant(
         "lint-turns-never-paired", "the static lint", "refddp/lint/turns.py",
         "            j = self.partner(nodes, i)", "            j = None",
         (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),

@@ -7,7 +7,6 @@ one step: a NaN gradient behind a finite loss (a distance between a vector and i
 copy), and an infinite loss behind a finite gradient (a target logit masked to -inf).
 """
 
-import json
 import math
 import re
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from refddp.testing import RankFailure
+from tests import tracker_files
 from tests.cli_runs import error_lines
 from tests.rank_tasks import fit, fit_full_weights, fit_recording_scales
 from tests.torch_features import FSDP
@@ -50,8 +50,7 @@ def test_a_step_non_finite_on_one_rank_is_skipped_on_every_rank_as_one_process_s
 
 def skipped_causes(out) -> tuple[int, str]:
     """The one skipped step history.jsonl records in ``out``: its step and cause."""
-    skips = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()
-             if '"skipped"' in line]  # fmt: skip
+    skips = [r for r in tracker_files.history(out) if "skipped" in r]
     assert len(skips) == 1, skips
     return skips[0]["step"], skips[0]["skipped"]
 

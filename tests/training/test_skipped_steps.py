@@ -9,7 +9,6 @@ gradient is NaN on one rank (that rank alone used to take the non-finite branch,
 abort the job on its extra collective).
 """
 
-import json
 import math
 import re
 
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from refddp.config.schema import TrainConfig
 from refddp.testing import RankFailure
 from refddp.training.skips import run_ends, trained_nothing
+from tests import tracker_files
 from tests.cli_runs import error_lines
 from tests.observability_tasks import fit_with_recording_tracker
 from tests.rank_tasks import TOKENS, fit, fit_full_weights
@@ -42,8 +42,8 @@ EXPERT = "tests.user_code:expert_mlp"  # a parameter DDP ignores, NaN on rank 1 
 
 
 def history(out) -> tuple[list[dict], list[dict]]:
-    """history.jsonl's evaluations and skipped steps."""
-    lines = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    """history.jsonl's evaluations and skipped steps (read as strict JSON)."""
+    lines = tracker_files.history(out)
     return [r for r in lines if "skipped" not in r], [r for r in lines if "skipped" in r]
 
 
@@ -250,6 +250,8 @@ def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli,
     assert done.stderr.count("done: step 12") == 1, done.stderr
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and "step 12: the final evaluation is non-finite" in errors[0]
+    evaluations, _ = history(done.out)  # strict JSON: the non-finite loss is null
+    assert evaluations[-1]["step"] == 12 and evaluations[-1]["val_loss"] is None, evaluations
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -3,8 +3,12 @@ tracker's own reader; a resumed or restarted run continues them without duplicat
 points; the training loss reaches rank 0 with the next step's agreement (no collective or host
 read of its own)."""
 
+import json
+import math
+
 import pytest
 
+from refddp.training.trackers.jsonl import strict_json
 from tests.cli_runs import run, train_command
 from tests.observability_tasks import fit_with_recording_tracker
 from tests.tracker_files import history, tensorboard_scalars, wandb_curves, wandb_segments
@@ -153,3 +157,13 @@ def logged_steps(curves):
     """The steps any curve has a point at (a stopped step's loss, agreed a step late, has none:
     its skip count has)."""
     return sorted({step for points in curves.values() for step in steps(points)})
+
+
+def test_history_and_eval_json_write_non_finite_numbers_as_null():
+    # Python's NaN and Infinity are not JSON: jq reads them, most other parsers refuse them.
+    record = {"val_loss": math.nan, "train_loss": 0.5, "ranks": [math.inf, 1.0],
+              "inner": {"x": -math.inf}, "step": 3}  # fmt: skip
+    text = strict_json(record)
+    assert json.loads(text) == {"val_loss": None, "train_loss": 0.5, "ranks": [None, 1.0],
+                                "inner": {"x": None}, "step": 3}  # fmt: skip
+    assert "NaN" not in strict_json(record, indent=2) and "Infinity" not in text

@@ -6,11 +6,16 @@ It holds the run's own lines only. A resumed run first drops the lines past the 
 resumes from: the evaluations a killed invocation recorded after its last checkpoint, which
 the resumed run redoes. A run that starts afresh in a used directory (``--resume never``)
 drops them all: an earlier run's lines would read as this run's.
+
+Every line is strict JSON: a non-finite number (a window whose every step was skipped has no
+mean loss; a NaN validation loss) is written as ``null``. Python's ``NaN`` and ``Infinity``
+are an extension that ``json`` and jq read and most other parsers refuse.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -33,10 +38,25 @@ class History(Tracker):
 
     def record(self, record: dict[str, Any]) -> None:
         with writing(self.path), open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")
 
     def skipped(self, step: int, cause: str, total: int) -> None:
         self.record({"step": step, "skipped": cause, "skipped_steps": total})
+
+
+def strict_json(value: Any, indent: int | None = None) -> str:
+    """``value`` as strict JSON, each non-finite number (``nan``, ``inf``) as ``null``."""
+    return json.dumps(_finite_or_none(value), indent=indent, allow_nan=False)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def truncate_history(path: str, step: int) -> None:
