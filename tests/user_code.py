@@ -486,3 +486,23 @@ def mlp_with_an_unused_head(config):
     model = MLP(config.input_dim, config.hidden_size, config.depth, config.num_classes)
     model.unused_head = torch.nn.Linear(config.hidden_size, 3)
     return model
+
+
+class _KeyedBy(torch.utils.data.Dataset):
+    """A dataset that holds a local lambda: pickle refuses it."""
+
+    def __init__(self, data):
+        self.data, self.key = data, lambda i: i
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[self.key(i)]
+
+
+def unpicklable_datasets(config):
+    """Training data that does not pickle: loader workers started by spawn or forkserver
+    cannot get it."""
+    train, val = synthetic(config)
+    return _KeyedBy(train), val

@@ -193,3 +193,15 @@ def test_no_gloo_thread_outlives_the_process_group_after_a_run(run_cli, tiny, np
         threads = (tmp_path / f"rank{rank}.txt").read_text().split()
         assert "python" in threads  # the report ran
         assert not [t for t in threads if "gloo" in t], f"rank {rank}: {threads}"
+
+
+def test_a_dataset_that_does_not_pickle_under_an_explicit_worker_start_exits_2_in_one_line(
+    run_cli, tiny
+):
+    done = run_cli("--nproc", 2, "--data", "tests.user_code:unpicklable_datasets",
+                   "--num-workers", 1, "--worker-start", "spawn", check=False, **tiny)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    errors = error_lines(done.stderr)
+    assert errors and all(e == errors[0] for e in errors), done.stderr  # the ranks say one line
+    assert "worker_start: spawn starts each loader worker" in errors[0], errors
+    assert "Traceback" not in done.stderr and "PicklingError" not in done.stderr, done.stderr
