@@ -105,29 +105,54 @@ class Package:
         for module in self.modules.values():
             self._index_body(module, module.tree, f"{module.name}.<module>", None, None)
         self._family: dict[str, frozenset[str]] = {}
-        # a function torch.multiprocessing starts ranks with -> the call: its first
-        # parameter is the process index, whatever its name (``def main_worker(gpu, ...)``)
-        self.spawned: dict[str, ast.Call] = {}
-        for module in self.modules.values():
-            self._find_spawned(module)
+        # a function torch.multiprocessing starts ranks with -> the call, and which of its
+        # parameters is the process index, whatever its name (``def main_worker(gpu, ...)``)
+        self.spawned: dict[str, tuple[ast.Call, int]] = {}
+        for function in list(self.functions.values()):
+            self._find_spawned(function)
 
-    def _find_spawned(self, module: Module) -> None:
-        for node in ast.walk(module.tree):
-            if not isinstance(node, ast.Call) or self._dotted(module, node.func) not in SPAWNERS:
+    def _find_spawned(self, function: Function) -> None:
+        for node in _own_calls(function.node):
+            if self._dotted(function.module, node.func) not in SPAWNERS:
                 continue
             fn = node.args[0] if node.args else next(
                 (k.value for k in node.keywords if k.arg == "fn"), None)  # fmt: skip
-            if isinstance(fn, ast.Name):
-                target = self.module_level(module, fn.id)
-                if target in self.functions:
-                    self.spawned.setdefault(target, node)
+            index = 0
+            while isinstance(fn, ast.Call) and fn.args and self._dotted(
+                    function.module, fn.func) == "functools.partial":  # fmt: skip
+                index += len(fn.args) - 1  # partial(worker, cfg): the index comes after cfg
+                fn = fn.args[0]
+            target = self._spawned_function(function, fn) if fn is not None else None
+            if target is not None:
+                target, bound = target
+                self.spawned.setdefault(target, (node, index + bound))
 
+    def _spawned_function(self, function: Function, fn: ast.expr) -> tuple[str, int] | None:
+        """The package function ``fn`` names in ``function`` (a def, a nested def, a module's
+        attribute, a class's static method, ``self.method``, a lambda), and how many of its
+        parameters come before the index (1 for a bound method's self)."""
+        if isinstance(fn, ast.Lambda):
+            return (self.lambdas[id(fn)], 0) if id(fn) in self.lambdas else None
+        if isinstance(fn, ast.Name):
+            scope: Function | None = function
+            while scope is not None:
+                if fn.id in scope.nested:
+                    return scope.nested[fn.id], 0
+                scope = scope.parent
+        if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and \
+                fn.value.id == "self" and function.cls:  # fmt: skip
+            found = self.methods_named({function.cls}, fn.attr)
+            return (found[0], 1) if found else None
+        dotted = self._dotted(function.module, fn)
+        target = self.canonical(dotted) if dotted else None
+        return (target, 0) if target in self.functions else None
     def _dotted(self, module: Module, node: ast.expr) -> str | None:
         """A module-level dotted name's target (``mp.spawn``: torch.multiprocessing.spawn)."""
         if isinstance(node, ast.Attribute):
             head = self._dotted(module, node.value)
             return f"{head}.{node.attr}" if head else None
         return self.module_level(module, node.id) if isinstance(node, ast.Name) else None
+
 
     def _index_body(self, module: Module, node: FunctionNode, qualname: str,
                     cls: str | None, parent: Function | None) -> Function:  # fmt: skip
@@ -228,6 +253,25 @@ class Package:
                     found.append(qualname)
         return found
 
+    def library_bases(self, cls: str) -> set[str]:
+        """The bases of ``cls`` and of its package bases that are not the package's, as
+        dotted names (``torchmetrics.Metric``)."""
+        found: set[str] = set()
+        todo, seen = [cls], set()
+        while todo:
+            current = todo.pop()
+            if current in seen or current not in self.classes:
+                continue
+            seen.add(current)
+            klass = self.classes[current]
+            for base in klass.bases:
+                head = base.partition(".")[0]
+                resolved = self.module_level(klass.module, head)
+                if resolved:
+                    dotted = self.canonical(resolved + base[len(head):])
+                    (todo.append if dotted in self.classes else found.add)(dotted)
+        return found
+
     def methods_named(self, classes: frozenset[str] | set[str], name: str) -> list[str]:
         """``name`` on instances of ``classes``, looked up through the package's own bases."""
         found, seen = [], set()
@@ -280,3 +324,15 @@ class Package:
             for member in self.family(cls):
                 result = result | self.attributes.get((member, name), NOTHING)
         return result
+
+
+def _own_calls(node: ast.AST):
+    """The calls a function's own body makes: not those of the defs, classes and lambdas in
+    it (functions of their own)."""
+    stack = [node.body] if isinstance(node, ast.Lambda) else list(node.body)
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Call):
+            yield current
+        stack.extend(child for child in ast.iter_child_nodes(current) if not isinstance(
+            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda))

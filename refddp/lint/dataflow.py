@@ -88,6 +88,7 @@ class Flow:
         # the module's globals as every function of it reads them (``fixpoint.Fixpoint``)
         self.global_names = declared_global(function.node)
         self.global_writes: Env = {}
+        self.entry: Env = {}
 
     def run(self) -> Flow:
         function, node = self.function, self.function.node
@@ -101,14 +102,15 @@ class Flow:
                             params=frozenset({param}))  # fmt: skip
             if param in RANK_NAMES or HELPER.match(param):
                 facts = facts.ranked(Origin(self.path, node.lineno, f"parameter {param}"))
-            elif i == 0 and function.qualname in self.package.spawned:
-                spawn = self.package.spawned[function.qualname]
+            elif self.package.spawned.get(function.qualname, (None, -1))[1] == i:
+                spawn, _ = self.package.spawned[function.qualname]
                 facts = facts.ranked(Origin(self.path, node.lineno, f"parameter {param}, the "
                                             f"process index {ast.unparse(spawn.func)}() passes"))
             if i == 0 and function.is_method:
                 facts = facts | Facts(classes=frozenset({function.cls}))
             facts = facts | Facts(classes=self.annotated(param))
             env[param] = facts
+        self.entry = dict(env)  # the parameters as the body starts (ir.py reads a lambda's)
         if isinstance(node, ast.Lambda):
             scope = self.scope(env)
             self.returns = scope.facts(node.body)

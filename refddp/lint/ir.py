@@ -24,6 +24,7 @@ from refddp.lint.collectives import (
     DIST_OBJECT_METHODS,
     EXITS,
     SAFE_METHODS,
+    TORCHMETRICS_COLLECTIVES,
     Verdict,
     library_call,
     method_call,
@@ -71,6 +72,10 @@ class Branch:
     b: list = field(default_factory=list)
     params: frozenset[str] = frozenset()  # the function's parameters the condition depends on
     membership: bool = False  # the condition tests membership (`rank in members`)
+    # an ``and``'s terms that are not rank-dependent (``initialized and rank == 0``; a
+    # parameter's, where callers pass such values), as ``ast.dump`` writes them: turns.py pairs
+    # such conditions on the rest
+    uniform_terms: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -119,7 +124,8 @@ class Builder:
         return body
 
     def _lambda_env(self) -> dict:
-        return {p: self.flow.package.param_facts.get(self.function.qualname, {}).get(p, NOTHING)
+        given = self.flow.package.param_facts.get(self.function.qualname, {})
+        return {p: given.get(p, NOTHING) | self.flow.entry.get(p, NOTHING)
                 for p in self.function.params}  # fmt: skip
 
     def block(self, body: list[ast.stmt], in_try: bool) -> list:
@@ -135,10 +141,14 @@ class Builder:
         self.scope = scope
         if isinstance(node, ast.If):
             rank, params = self.depends(node.test)
+            test, uniform = node.test, ()
+            if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+                uniform = tuple(ast.dump(t) for t in test.values
+                                if not self.scope.facts(t).rank)  # fmt: skip
             return [*self.expr(node.test), Branch(node, shown(node.test), rank,
                                                   self.block(node.body, in_try),
                                                   self.block(node.orelse, in_try), params,
-                                                  _membership(node.test))]  # fmt: skip
+                                                  _membership(node.test), uniform)]  # fmt: skip
         if isinstance(node, ast.For | ast.AsyncFor):  # its trip count: the iterable's length
             rank, params = self.depends(node.iter, length=True)
             return [*self.expr(node.iter), Loop(node, shown(node.iter), rank,
@@ -239,6 +249,8 @@ class Builder:
             return Call(node, "param", func.id, scope)  # checked where it is passed (rules.py)
         targets, guess = scope.targets(node)
         method = func.attr if isinstance(func, ast.Attribute) else None
+        if method in TORCHMETRICS_COLLECTIVES and self._a_metric(func.value):
+            return self._verdict(node, method_call(method, "torchmetrics", {}))
         if guess and method:
             verdict = method_call(method, None, _keywords(node))
             if verdict is not None:
@@ -277,6 +289,13 @@ class Builder:
             return None
         return Call(node, "unknown", f"{shown(func, 40)}()", scope,
                     why=f"the lint cannot tell what {shown(func.value, 40)} is")
+
+    def _a_metric(self, receiver: ast.expr) -> bool:
+        """An instance of the package's own subclass of a torchmetrics metric: its compute()
+        gathers the states as the library's own metrics' does."""
+        package = self.flow.package
+        return any(b.startswith("torchmetrics.") for c in self.scope.facts(receiver).classes
+                   for b in package.library_bases(c))  # fmt: skip
 
     def _verdict(self, node: ast.Call, verdict: Verdict) -> Call | Exit | None:
         if verdict.kind == "exit":

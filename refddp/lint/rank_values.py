@@ -258,11 +258,16 @@ class Evaluator:
 
     def _is_set_test(self, node: ast.Compare) -> bool:
         """``int(os.environ.get("RANK", -1)) != -1``, ``os.environ.get("RANK") is None``: a
-        launcher variable compared with a value no rank takes says whether it is set."""
+        launcher variable compared with a value no rank takes says whether it is set. So does
+        a value named like a rank (``RANK != -1``, ``args.local_rank is not None``,
+        ``local_rank >= 0``): -1 and None mean "not distributed", alike on every rank."""
         left = node.left
         while isinstance(left, ast.Call) and len(left.args) == 1 and \
                 self.resolver.dotted(left.func) in ("builtins.int", "builtins.str"):  # fmt: skip
             left = left.args[0]
+        if _named_like_a_rank(left) and len(node.ops) == 1 and _says_whether_set(
+                node.ops[0], node.comparators[0]):  # fmt: skip
+            return True
         if not (isinstance(left, ast.Call | ast.Subscript) and all(map(_no_rank_takes,
                                                                        node.comparators))):
             return False
@@ -335,6 +340,25 @@ def _union(facts) -> Facts:
     for f in facts:
         result = result | f
     return result
+
+
+def _named_like_a_rank(node: ast.expr) -> bool:
+    """``rank``, ``RANK``, ``args.local_rank``, ``self.global_rank``: a rank itself, not a
+    value computed from one (``rank - 1 == -1`` holds on rank 0 alone)."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return isinstance(node, ast.Name | ast.Attribute) and name.lower() in RANK_NAMES - {
+        "is_main", "is_master", "is_main_process", "is_local_main_process", "master_process",
+        "is_rank_zero", "is_global_zero", "is_local_zero"}  # fmt: skip
+
+
+def _says_whether_set(op: ast.cmpop, value: ast.expr) -> bool:
+    """Compared so, a rank (≥ 0 when set; -1 or None when not) gives the same answer on
+    every rank: ``== -1``, ``!= -1``, ``is None``, ``is not None``, ``>= 0``, ``< 0``."""
+    if _no_rank_takes(value):
+        return isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot | ast.Gt | ast.GtE |
+                          ast.Lt | ast.LtE)  # fmt: skip
+    zero = isinstance(value, ast.Constant) and value.value == 0 and type(value.value) is int
+    return zero and isinstance(op, ast.GtE | ast.Lt)
 
 
 def _no_rank_takes(node: ast.expr) -> bool:

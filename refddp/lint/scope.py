@@ -131,7 +131,11 @@ class Scope(Resolver):
                 return Facts(functions=args[0].functions)
             if dotted == "builtins.super" and self.function.cls:
                 return Facts(classes=frozenset(package.bases(self.function.cls)))
-            return Facts(library=library_of(dotted))
+            library = library_of(dotted)
+            if library == "torchmetrics" and any(k.arg == "sync_on_compute" and isinstance(
+                    k.value, ast.Constant) and k.value.value is False for k in call.keywords):
+                return Facts(library="library")  # a metric that never gathers: a plain object
+            return Facts(library=library)
         if callee.functions:
             return self.returned(sorted(callee.functions), call)
         if callee.classes and isinstance(call.func, ast.Name):

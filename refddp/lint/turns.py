@@ -29,9 +29,9 @@ against the pair.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from refddp.lint.ir import Branch, Call, Exit, Loop, Try
+from refddp.lint.ir import Branch, Call, Exit, Loop, Try, shown
 from refddp.lint.sequences import Sequences
 
 LARGEST_RANK = 1 << 20  # a comparison against a larger number is not read as a rank test
@@ -64,8 +64,8 @@ def rank_test(node: ast.expr) -> Test | None:
         if len(node.ops) != 1:
             return None
         return _comparison(node.left, node.ops[0], node.comparators[0])
-    if isinstance(node, ast.Name | ast.Attribute | ast.Call):
-        return Test(ast.dump(node), frozenset({True}), True)
+    if isinstance(node, ast.Name | ast.Attribute | ast.Call):  # true where it is not 0 (False
+        return Test(ast.dump(node), frozenset({0}), False)  # == 0): ``rank``, ``is_main``
     return None
 
 
@@ -113,7 +113,7 @@ def _integer(node: ast.expr) -> int | None:
 
 class Turns:
     """Rewrites each function's tree, pairing the turns; ``seq`` (of the trees as built)
-    tells whether a call of the package's own functions between them communicates."""
+    tells what a call of the package's own functions issues."""
 
     def __init__(self, seq: Sequences):
         self.seq = seq
@@ -122,7 +122,11 @@ class Turns:
         return {q: self.block(tree) for q, tree in trees.items()}
 
     def block(self, nodes: list) -> list:
-        nodes = [self.inside(n) for n in nodes]
+        # a ``try`` without ``except`` runs its parts in a row, as the rules read it: its
+        # ``finally`` may hold the second turn (Hugging Face's main_process_first)
+        flat = [x for n in nodes for x in (n.body + n.orelse + n.final
+                                           if isinstance(n, Try) and not n.handlers else [n])]
+        nodes = [self.inside(n) for n in flat]
         out: list = []
         i = 0
         while i < len(nodes):
@@ -132,18 +136,16 @@ class Turns:
                 i += 1
                 continue
             # the first turn's collectives, on every rank; what ran between; not the second
-            out += nodes[i].a + nodes[i + 1 : j]
+            out += self.unturned(nodes[i]) + nodes[i + 1 : j]
             i = j + 1
         return out
 
     def inside(self, node):
         """``node`` with the blocks inside it rewritten."""
         if isinstance(node, Branch):
-            return Branch(node.node, node.text, node.rank, self.block(node.a),
-                          self.block(node.b), node.params, node.membership)  # fmt: skip
+            return replace(node, a=self.block(node.a), b=self.block(node.b))
         if isinstance(node, Loop):
-            return Loop(node.node, node.text, node.rank, self.block(node.body),
-                        self.block(node.orelse), node.params)  # fmt: skip
+            return replace(node, body=self.block(node.body), orelse=self.block(node.orelse))
         if isinstance(node, Try):
             return Try(self.block(node.body), [self.block(h) for h in node.handlers],
                        self.block(node.orelse), self.block(node.final))  # fmt: skip
@@ -151,24 +153,60 @@ class Turns:
 
     def partner(self, nodes: list, i: int) -> int | None:
         """The index of the turn that completes the one at ``i``, if it is one."""
-        first = _turn(nodes[i])
+        first = self.turn(nodes[i])
         if first is None:
             return None
-        test, names = first
+        guard, test, issued = first
         for j in range(i + 1, len(nodes)):
-            second = _turn(nodes[j])
-            if second is not None and second[0].complements(test) and second[1] == names:
+            second = self.turn(nodes[j])
+            if second is not None and second[0] == guard and second[1].complements(test) and (
+                    second[2] == issued):  # fmt: skip
                 return j
             if not self.quiet(nodes[j]):
                 return None
         return None
 
+    def turn(self, node) -> tuple[tuple[str, ...], Test, tuple] | None:
+        """What makes ``node`` a turn: an ``if`` on the rank (or a parameter) whose body issues
+        collectives and does nothing else that matters, whose ``else`` (if any) is quiet; the
+        conditions every rank evaluates alike around it (its guard), its test on the rank and
+        what it issues. ``if world > 1:`` around a turn, or ``initialized and ...`` in its
+        condition, is its guard."""
+        if not (isinstance(node, Branch) and isinstance(node.node, ast.If)):
+            return None
+        test = node.node.test
+        if not node.rank and not node.params:  # a uniform ``if`` around a turn
+            inner = self.turn(node.a[0]) if len(node.a) == 1 and not node.b else None
+            return ((ast.dump(test), *inner[0]), *inner[1:]) if inner else None
+        if not (node.a and _only_calls_that_communicate(node.a) and all(map(self.quiet, node.b))):
+            return None
+        terms = test.values if node.uniform_terms else [test]
+        varying = [t for t in terms if ast.dump(t) not in node.uniform_terms]
+        found = rank_test(varying[0]) if len(varying) == 1 else None
+        atoms, _ = self.seq.atoms(node.a)
+        issued = tuple((a.key, tuple(s.group for s in a.sites)) for a in atoms)
+        if found is None or not any(a.collective for a in atoms):
+            return None
+        return tuple(sorted(node.uniform_terms)), found, issued
+
+    def unturned(self, node) -> list:
+        """What a paired first turn issues on every rank: its body, under its guard."""
+        if not node.rank and not node.params:
+            return [replace(node, a=self.unturned(node.a[0]))]
+        if not node.uniform_terms:
+            return node.a
+        guard = [t for t in node.node.test.values if ast.dump(t) in node.uniform_terms]
+        text = " and ".join(shown(t) for t in guard)
+        return [Branch(node.node, text, None, node.a, [])]
+
     def quiet(self, node) -> bool:
-        """``node`` issues no collective and cannot leave: what may run between two turns."""
+        """``node`` issues no collective and cannot leave: what may run between two turns.
+        A call the lint cannot see into, or of a parameter, is taken as quiet, as it is
+        outside a rank-dependent branch."""
         if isinstance(node, Exit):
             return False
         if isinstance(node, Call):
-            if node.kind in ("collective", "param", "maybe"):
+            if node.kind in ("collective", "maybe"):
                 return False
             return node.kind != "package" or node.guess or not any(
                 self.seq.issues(t) for t in node.targets)  # fmt: skip
@@ -182,14 +220,16 @@ class Turns:
         return True
 
 
-def _turn(node) -> tuple[Test, tuple[str, ...]] | None:
-    """A turn: an ``if`` whose condition depends on the rank (or on a parameter), whose body
-    issues collectives and nothing else that matters, and whose ``else`` (if any) nothing that
-    matters; its test and the collectives' names."""
-    if not (isinstance(node, Branch) and isinstance(node.node, ast.If) and node.a
-            and not node.b and (node.rank or node.params)):  # fmt: skip
-        return None
-    if not all(isinstance(n, Call) and n.kind == "collective" for n in node.a):
-        return None
-    test = rank_test(node.node.test)
-    return (test, tuple(n.name for n in node.a)) if test else None
+def _only_calls_that_communicate(nodes: list) -> bool:
+    """Collectives and calls of the package's own functions, under uniform conditions at most
+    (``dist.barrier(device_ids=[r]) if use_ids else dist.barrier()``): a turn's body."""
+    for node in nodes:
+        if isinstance(node, Call):
+            if node.kind != "collective" and (node.kind != "package" or node.guess):
+                return False
+        elif isinstance(node, Branch):
+            if node.rank or node.params or not _only_calls_that_communicate(node.a + node.b):
+                return False
+        else:
+            return False
+    return True

@@ -320,9 +320,17 @@ TURN_SOURCE = PREAMBLE.replace("def f(t):", """def download():
 def f(t):""")
 
 
-def turn_sequences(first, second, x, y, between, rank, c1) -> list[str]:
-    """The collectives one rank issues in a generated turn (the reference)."""
-    seq = [x] if ALL_RANK_CONDS[first](rank) else []
+ISSUES = {"barrier": "barrier", "all_reduce": "all_reduce", "sync": "all_reduce"}
+CALLS = {"barrier": "dist.barrier()", "all_reduce": "dist.all_reduce(t)", "sync": "sync(t)"}
+
+
+def turn_sequences(first, second, between, rank, c1) -> list[str]:
+    """The collectives one rank issues in a generated turn (the reference); ``first`` and
+    ``second`` are (guard, condition, collective)."""
+    def half(guard, cond, name):
+        return [ISSUES[name]] if (not guard or c1) and ALL_RANK_CONDS[cond](rank) else []
+
+    seq = half(*first)
     for b in between:
         if b in ("dist.all_reduce(t)", "sync(t)"):
             seq.append("all_reduce")
@@ -330,28 +338,36 @@ def turn_sequences(first, second, x, y, between, rank, c1) -> list[str]:
             return seq
         elif b.startswith("if rank == 0") and rank == 0:
             seq.append("barrier")
-    return seq + ([y] if ALL_RANK_CONDS[second](rank) else [])
+    return seq + half(*second)
+
+
+halves = st.tuples(st.sampled_from(("", "c1 and ")), st.sampled_from(tuple(ISSUES)))
 
 
 @settings(max_examples=PROGRAMS or 300, deadline=None, derandomize=not PROGRAMS)
 @given(st.sampled_from(TURN_FAMILIES).flatmap(lambda f: st.tuples(st.sampled_from(f),
                                                                   st.sampled_from(f))),
-       st.sampled_from(("barrier", "all_reduce")), st.sampled_from(("barrier", "all_reduce")),
-       st.lists(st.sampled_from(QUIET + NOISY), max_size=3))  # fmt: skip
-def test_two_turns_pass_iff_they_complement_each_other_around_quiet_code(conds, x, y, between):
-    """Paired (complementary conditions, one collective, quiet code between): nothing
-    reported. Ranks 0-3 issuing different sequences for some value of ``c1``: reported."""
-    first, second = conds
-    call = {"barrier": "dist.barrier()", "all_reduce": "dist.all_reduce(t)"}
-    lines = [*TURN_SOURCE.splitlines(), f"    if {first}:", f"        {call[x]}",
-             *(f"    {b}" for b in between), f"    if {second}:", f"        {call[y]}"]
+       halves, halves, st.lists(st.sampled_from(QUIET + NOISY), max_size=3))  # fmt: skip
+def test_two_turns_pass_iff_they_complement_each_other_around_quiet_code(conds, a, b, between):
+    """Paired (complementary conditions behind the same uniform guard, the same collectives,
+    quiet code between): nothing reported. Ranks 0-3 issuing different sequences for some
+    value of ``c1``: reported."""
+    first, second = (a[0], conds[0], a[1]), (b[0], conds[1], b[1])
+    lines = [*TURN_SOURCE.splitlines()]
+    for part in (first, None, second):
+        if part is None:
+            lines += [f"    {x}" for x in between]
+            continue
+        guard, cond, name = part
+        lines += [f"    if {guard}{cond}:", f"        {CALLS[name]}"]
     source = "\n".join(lines) + "\n"
     flagged = {f.line for f in lint_source(source, "generated.py") if not f.is_note}
     ranks = range(4)
-    complement = all(ALL_RANK_CONDS[first](r) != ALL_RANK_CONDS[second](r) for r in ranks)
-    if complement and x == y and all(b in QUIET for b in between):
+    complement = all(ALL_RANK_CONDS[conds[0]](r) != ALL_RANK_CONDS[conds[1]](r) for r in ranks)
+    if complement and a[0] == b[0] and ISSUES[a[1]] == ISSUES[b[1]] and all(
+            x in QUIET for x in between):  # fmt: skip
         assert flagged == set(), source  # every rank issues one, nothing between: fine
-    disagree = any(len({tuple(turn_sequences(first, second, x, y, between, r, c1))
-                        for r in ranks}) > 1 for c1 in (False, True))  # fmt: skip
+    disagree = any(len({tuple(turn_sequences(first, second, between, r, c1)) for r in ranks})
+                   > 1 for c1 in (False, True))  # fmt: skip
     if disagree:
         assert flagged, source

@@ -33,3 +33,20 @@ def torchmetrics_epoch_end(preds, target):
 
 def trainer_is_main():
     return dist.get_rank() == 0
+
+
+class Agreement(torchmetrics.Metric):
+    """The project's own metric: its compute() gathers the states as torchmetrics' own do."""
+
+    def update(self, preds, target):
+        pass
+
+    def compute(self):
+        return 0
+
+
+def own_metric_on_rank_zero(preds, target):
+    agreement = Agreement()
+    agreement.update(preds, target)
+    if dist.get_rank() == 0:
+        print(agreement.compute())  # expect: RDL101

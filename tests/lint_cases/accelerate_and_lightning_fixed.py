@@ -29,3 +29,10 @@ def torchmetrics_epoch_end(preds, target):
     value = accuracy.compute()  # every rank: it gathers the states
     if dist.get_rank() == 0:
         print(value)
+
+
+def rank_zero_metric(preds, target):
+    local = torchmetrics.Accuracy(task="binary", sync_on_compute=False)  # never gathers
+    local.update(preds, target)
+    if dist.get_rank() == 0:
+        print(local.compute())

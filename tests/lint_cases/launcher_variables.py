@@ -25,3 +25,9 @@ def by_environment(t, group, mesh):
 def main(rank, world_size, t):  # mp.spawn's signature: the first parameter is the rank
     if rank == 0:
         dist.scatter(t, src=0)  # expect: RDL101
+
+
+def computed_from_a_rank(rank):
+    previous = rank - 1
+    if previous == -1:  # rank 0 alone: not a test of whether the job is distributed
+        dist.barrier()  # expect: RDL101

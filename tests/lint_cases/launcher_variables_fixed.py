@@ -32,3 +32,17 @@ def unpacked(t):
     if world > 1:  # the world size, unpacked beside the rank, is still the same everywhere
         dist.all_reduce(t)
     return rank
+
+
+RANK = int(os.getenv("RANK", -1))  # YOLOv5's: -1 when not distributed
+
+
+def set_or_not(model, args, local_rank, t):
+    if RANK != -1:  # a rank compared with a value no rank takes: distributed or not
+        dist.barrier()
+    if args.local_rank != -1:
+        dist.all_reduce(t)
+    if local_rank is not None:
+        dist.broadcast(t, src=0)
+    if local_rank >= 0:
+        dist.barrier()

@@ -52,6 +52,30 @@ def package_call_between(x):
         dist.barrier()  # expect: RDL101
 
 
+def guarded_once(rank, initialized):
+    if initialized and rank != 0:
+        dist.barrier()  # expect: RDL101
+    prepare()
+    if rank == 0:  # without the guard: rank 0 waits where the others may not
+        dist.barrier()  # expect: RDL101
+
+
+def guard_on_the_rank(rank):
+    if rank < 4 and rank != 0:  # ranks 4 and up meet neither barrier
+        dist.barrier()  # expect: RDL101
+    prepare()
+    if rank < 4 and rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def other_groups(rank, group):
+    if rank != 0:
+        dist.barrier(group=group)  # expect: RDL101
+    prepare()
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
 def prepare():
     return [0]
 
@@ -63,3 +87,6 @@ def main(x):
     return_between(rank, "data")
     one_barrier_too_many(rank)
     package_call_between(x)
+    guarded_once(rank, dist.is_initialized())
+    guard_on_the_rank(rank)
+    other_groups(rank, dist.new_group([0, 1]))

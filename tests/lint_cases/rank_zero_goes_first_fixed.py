@@ -46,6 +46,65 @@ def inline(path):
     return data
 
 
-def main(path):
+def load_and_cache_examples(args, path, evaluate=False):
+    """As Hugging Face's older examples write it: a flag every rank passes alike, in both."""
+    if args.local_rank not in [-1, 0] and not evaluate:
+        dist.barrier()
+    data = download(path)
+    if args.local_rank == 0 and not evaluate:
+        dist.barrier()
+    return data
+
+
+@contextmanager
+def ultralytics_zero_first(local_rank: int):
+    initialized = dist.is_available() and dist.is_initialized()
+    use_ids = dist.get_backend() == "nccl"
+    if initialized and local_rank not in {-1, 0}:
+        dist.barrier(device_ids=[local_rank]) if use_ids else dist.barrier()
+    yield
+    if initialized and local_rank == 0:
+        dist.barrier(device_ids=[local_rank]) if use_ids else dist.barrier()
+
+
+def synchronize():
+    """detectron2's comm.synchronize: a barrier where there is more than one process."""
+    if dist.get_world_size() == 1:
+        return
+    dist.barrier()
+
+
+def through_a_helper(rank, path):
+    if dist.get_world_size() > 1:
+        if 0 != rank:
+            synchronize()
+        else:
+            print("rank 0 prepares")
+    data = download(path)
+    if dist.get_world_size() > 1:
+        if not rank:
+            synchronize()
+    return data
+
+
+@contextmanager
+def main_process_first_with_finally(is_main):
+    """As Hugging Face's TrainingArguments.main_process_first writes it."""
+    try:
+        if not is_main:
+            dist.barrier()
+        yield
+    finally:
+        if is_main:
+            dist.barrier()
+
+
+def main(path, args):
     prepare(dist.get_rank(), path)
     inline(path)
+    load_and_cache_examples(args, path)
+    with ultralytics_zero_first(dist.get_rank()):
+        download(path)
+    through_a_helper(dist.get_rank(), path)
+    with main_process_first_with_finally(dist.get_rank() == 0):
+        download(path)
