@@ -33,10 +33,10 @@ def _valid(f: dataclasses.Field) -> str:
         parts.append("a comma-separated list of " + ", ".join(f"`{i}`" for i in policy["items"]))
     low, above, below = policy["at_least"], policy["above"], policy["below"]
     if below is not None:
-        parts.append(f"[{low}, {below})")
+        parts.append(f"[{low}, {below})" if above is None else f"({above}, {below})")
     elif low is not None:
         parts.append(f">= {low}")
-    if above is not None:
+    if above is not None and below is None:
         parts.append(f"> {above}")
     if policy["imports"]:
         parts.append("may name `package.module:callable`")

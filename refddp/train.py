@@ -195,7 +195,7 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
     ctx = init_distributed(c.device, c.timeout + 60, trace_dir=stacks_dir)
     setup_logging(ctx.rank, c.log_all_ranks)
     started, code = time.perf_counter(), 0
-    unusable, recorded = "", False  # a run whose final evaluation is non-finite: exit 1
+    unusable, recorded = "", False  # a run whose (final) evaluation is non-finite: exit 1
     stacks = os.path.join(stacks_dir, f"rank{ctx.rank}.txt")
     try:
         if c.task == "train" and given is not None:
@@ -214,18 +214,10 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                 )
                 if result["skipped_steps"]:
                     summary += f", {result['skipped_steps']} step(s) skipped as non-finite"
-                if not result["stopped"] and not finite_validation(result["metrics"]):
-                    # The same metrics on every rank (agreed by the evaluation): all fail alike.
-                    unusable = (f"step {result['step']}: the final evaluation is non-finite "
-                                f"({_validation_summary(result['metrics'])})")  # fmt: skip
-                    summary += "; the final evaluation is non-finite"
-                    code = 1
-                    # Said now: once a rank exits 1 the launcher may end this one mid-teardown.
-                    _log_summary(ctx, summary, started, c.out)
-                    summary = ""
-                    recorded = record_error(unusable, AGREED_STOP)
-                    if ctx.world_size > 1:  # none exits before every rank has recorded it
-                        dist.barrier()
+                # (what the done: line calls it, what the error line says, its metrics)
+                judged = None if result["stopped"] else (
+                    "the final evaluation", f"step {result['step']}: the final evaluation",
+                    result["metrics"])
                 if result["stopped_by"] and not under_torchrun():
                     # One process or an srun task, no launcher: its exit code tells preemption
                     # from completion, as the launcher's 128+N does for several ranks (srun
@@ -237,12 +229,26 @@ def run_rank(c: TrainConfig, given: set[str] | None = None) -> int:
                     f"eval: {_validation_summary(r)} over {r['num_samples']} samples -> "
                     f"{os.path.join(c.out, 'eval.json')}"
                 )
+                judged = ("the evaluation", f"the evaluation of {r['checkpoint']}", r)
             else:
                 r = run_predict(c, ctx)
                 summary = (
                     f"predict: {r['num_samples']} predictions -> "
                     f"{os.path.join(c.out, 'predictions.pt')}"
                 )
+                judged = None
+            if judged is not None and not finite_validation(judged[2]):
+                # The same metrics on every rank (agreed by the evaluation): all fail alike.
+                short, what, metrics = judged
+                unusable = f"{what} is non-finite ({_validation_summary(metrics)})"
+                summary += f"; {short} is non-finite"
+                code = 1
+                # Said now: once a rank exits 1 the launcher may end this one mid-teardown.
+                _log_summary(ctx, summary, started, c.out)
+                summary = ""
+                recorded = record_error(unusable, AGREED_STOP)
+                if ctx.world_size > 1:  # none exits before every rank has recorded it
+                    dist.barrier()
     except ConfigError as exc:
         # Possibly raised on this rank alone: the launcher prints it naming the rank.
         if not record_error(str(exc), USAGE):

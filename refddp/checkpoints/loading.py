@@ -24,6 +24,7 @@ from refddp.checkpoints.run_state import (
     unwrap,
 )
 from refddp.config.schema import TrainConfig
+from refddp.launch.error_file import LAUNCHED_ENV
 
 log = logging.getLogger("refddp")
 
@@ -90,10 +91,23 @@ def _latest_loadable(latest: str, previous: str) -> tuple[str, dict[str, Any]] |
                 raise  # nothing older to fall back to
             latest_error = exc
             continue
-        if latest_error is not None:
+        if latest_error is not None and _says_the_fallback(latest):
             log.warning("warning: %s; resuming from the older %s instead", latest_error, path)
         return found
     return None
+
+
+_said: set[str] = set()  # the latest checkpoints this process has warned of
+
+
+def _says_the_fallback(latest: str) -> bool:
+    """Once a job: refddp's launcher where it started the ranks (they load the same files
+    after it), else rank 0 (torchrun, srun), each once although it loads the files twice."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))  # before the group
+    if os.environ.get(LAUNCHED_ENV) or rank != "0" or latest in _said:
+        return False
+    _said.add(latest)
+    return True
 
 
 def load_model_weights(model: nn.Module, state: dict[str, Any], path: str) -> None:

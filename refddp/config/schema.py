@@ -281,9 +281,11 @@ class TrainConfig:
     min_loss_scale: float = _opt(
         1.0,
         "amp fp16: stop the run (exit 1) when a gradient overflow would take GradScaler's loss "
-        "scale below this (its gradients are non-finite at every scale that helps)",
+        "scale below this (its gradients are non-finite at every scale that helps); below "
+        "65536, the scale GradScaler starts at",
         resume=APPLIED,
         above=0,
+        below=65536,
     )
     progress: bool = _opt(True, "rank-0 progress bar", resume=INVOCATION)
     log_all_ranks: bool = _opt(

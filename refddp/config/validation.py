@@ -197,8 +197,10 @@ def validate(c: TrainConfig) -> None:
 def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
     """The field's declared bounds, one line naming it (``not >=``, ``not >``: NaN fails too)."""
     low, above, below = policy["at_least"], policy["above"], policy["below"]
-    if below is not None and not (low <= value < below):
+    if below is not None and low is not None and not (low <= value < below):
         raise ConfigError(f"{name}: must be in [{low}, {below}), got {value}")
+    if below is not None and above is not None and not (above < value < below):
+        raise ConfigError(f"{name}: must be in ({above}, {below}), got {value}")
     if low is not None and not value >= low:
         raise ConfigError(f"{name}: must be >= {low}, got {value}")
     if above is not None and not value > above:

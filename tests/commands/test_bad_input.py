@@ -27,6 +27,8 @@ def expect_usage_error(capsys, argv, expected):
     [
         (["--batch-size", "0"], "batch_size: must be >= 1, got 0"),
         (["--lr", "-0.1"], "lr: must be > 0, got -0.1"),
+        # fp16's scale starts at 65536: a floor at or above it stops at the first overflow
+        (["--min-loss-scale", "1e40"], "min_loss_scale: must be in (0, 65536), got 1e+40"),
         (
             ["--amp", "fp8"],
             "argument --amp: invalid choice: 'fp8' (choose from 'off', 'fp16', 'bf16')",

@@ -2194,6 +2194,23 @@ MUTANTS = (
         (f"{T_LINT_CMD}::test_a_bad_path_is_one_line_naming_it_and_exit_2",),
     ),
     Mutant(
+        "eval-of-a-non-finite-checkpoint-exits-0", "no run that trains nothing exits 0", "refddp/train.py",
+        '                judged = ("the evaluation", f"the evaluation of {r[\'checkpoint\']}", r)',
+        "                judged = None",
+        ("tests/training/test_skipped_steps.py::test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1",),
+    ),
+    Mutant(
+        "resume-fallback-warned-by-every-rank", "bad input is one line", "refddp/checkpoints/loading.py",
+        '    if os.environ.get(LAUNCHED_ENV) or rank != "0" or latest in _said:',
+        "    if latest in _said:",
+        ("tests/training/test_faults.py::test_corrupt_latest_checkpoint_falls_back_to_the_previous_one",),
+    ),
+    Mutant(
+        "min-loss-scale-above-the-start-accepted", "bad input is one line", "refddp/config/schema.py",
+        "        below=65536,\n", "        below=None,\n",
+        ("tests/commands/test_bad_input.py::test_bad_flags",),
+    ),
+    Mutant(
         "history-writes-nan", "skips on the record", "refddp/training/trackers/jsonl.py",
         "    return json.dumps(_finite_or_none(value), indent=indent, allow_nan=False)",
         "    return json.dumps(value, indent=indent)",
@@ -2487,7 +2504,8 @@ MUTANTS = (
     Mutant(
         "nonfinite-final-evaluation-exits-0", "no run that trains nothing exits 0",
         "refddp/train.py",
-        'if not result["stopped"] and not finite_validation(result["metrics"]):', "if False:",
+        "            if judged is not None and not finite_validation(judged[2]):",
+        "            if False:",
         (f"{T_SKIPPED_STEPS}::test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1",),
     ),
     Mutant(

@@ -220,14 +220,15 @@ def test_hung_data_loader_writes_every_rank_stack_and_fails(tmp_path, spawn, no_
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, spawn, no_leftovers):
     out = tmp_path / "run"
-    first = run(cli(out, "--epochs", 2, "--ckpt-every", 5))
+    first = run(cli(out, "--epochs", 2, "--ckpt-every", 5, "--nproc", 2))
     assert first.returncode == 0, first.stderr
     latest = out / "checkpoints" / "checkpoint_latest.pth"
     latest.write_bytes(latest.read_bytes()[:1000])  # a crash mid-copy, say
-    rerun = run(cli(out, "--epochs", 3, "--ckpt-every", 5))
+    rerun = run(cli(out, "--epochs", 3, "--ckpt-every", 5, "--nproc", 2))
     assert rerun.returncode == 0, rerun.stderr
     assert "checkpoint_latest.pth: corrupt or truncated checkpoint" in rerun.stderr
     assert "resuming from the older" in rerun.stderr and "checkpoint_previous.pth" in rerun.stderr
+    assert rerun.stderr.count("resuming from the older") == 1, "said once, not by every rank"
 
 
 def test_nonfinite_loss_with_stop_policy_exits_with_one_line(tmp_path, spawn, no_leftovers):

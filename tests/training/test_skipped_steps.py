@@ -9,6 +9,7 @@ gradient is NaN on one rank (that rank alone used to take the non-finite branch,
 abort the job on its extra collective).
 """
 
+import json
 import math
 import re
 
@@ -252,6 +253,17 @@ def test_a_run_whose_final_evaluation_is_non_finite_says_so_and_exits_1(run_cli,
     assert len(errors) == 1 and "step 12: the final evaluation is non-finite" in errors[0]
     evaluations, _ = history(done.out)  # strict JSON: the non-finite loss is null
     assert evaluations[-1]["step"] == 12 and evaluations[-1]["val_loss"] is None, evaluations
+    # Evaluating that checkpoint on the same data fails alike (it exited 0), eval.json kept.
+    evaluated = run_cli("--nproc", 2, "--task", "eval", "--data",
+                        "tests.user_code:nonfinite_val_datasets", check=False,
+                        **{k: v for k, v in tiny.items() if k in ("device", "dtype")})  # fmt: skip
+    assert evaluated.returncode == 1, evaluated.stderr
+    errors = error_lines(evaluated.stderr)
+    assert len(errors) == 1 and re.search(r"the evaluation of \S+checkpoint_latest.pth is "
+                                          r"non-finite \(val_loss (nan|inf)", errors[0]), errors
+    assert "; the evaluation is non-finite" in evaluated.stderr, evaluated.stderr
+    written = json.loads((done.out / "eval.json").read_text(), parse_constant=pytest.fail)
+    assert written["val_loss"] is None, written
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
