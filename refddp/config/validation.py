@@ -201,6 +201,8 @@ def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
         raise ConfigError(f"{name}: must be in [{low}, {below}), got {value}")
     if below is not None and above is not None and not (above < value < below):
         raise ConfigError(f"{name}: must be in ({above}, {below}), got {value}")
+    if below is not None and low is None and above is None and not value < below:
+        raise ConfigError(f"{name}: must be < {below}, got {value}")
     if low is not None and not value >= low:
         raise ConfigError(f"{name}: must be >= {low}, got {value}")
     if above is not None and not value > above:

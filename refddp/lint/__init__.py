@@ -51,7 +51,7 @@ def analyse(modules: list[Module]) -> Analysis:
     package = Package(modules)
     flows = Fixpoint(package).run()
     built = {q: Builder(package.functions[q], flow).build() for q, flow in flows.items()}
-    trees = Turns(Sequences(built)).trees(built)
+    trees = Turns(Sequences(built)).trees(built, {q: package.functions[q].node for q in built})
     return Analysis(package, flows, trees, Sequences(trees))
 
 

@@ -186,14 +186,20 @@ def library_call(qualname: str) -> Verdict:
 # A torchmetrics metric's (or MetricCollection's) compute() and sync() gather its states from
 # every rank when torch.distributed is initialized (sync_on_compute=True, the default).
 TORCHMETRICS_COLLECTIVES = frozenset({"compute", "sync"})
+# A metric made with sync_on_compute=False: its compute() gathers nothing (its sync() does).
+UNSYNCED_METRIC = "torchmetrics, sync_on_compute=False"
 
 
 def method_call(method: str, library: str | None, keywords: dict[str, object]) -> Verdict | None:
     """A method call on an object from ``library`` (None: not known), by the method's name;
     None when the name alone does not tell."""
-    if library == "torchmetrics" and method in TORCHMETRICS_COLLECTIVES:
-        return Verdict("collective", f"metric.{method}()", "a torchmetrics metric gathers its "
-                       "states from every rank unless made with sync_on_compute=False")
+    if library == UNSYNCED_METRIC and method == "compute":
+        return Verdict("safe", "metric.compute()")
+    if library in ("torchmetrics", UNSYNCED_METRIC) and method in TORCHMETRICS_COLLECTIVES:
+        return Verdict("collective", f"metric.{method}()", "a torchmetrics metric's "
+                       f"{method}() gathers its states from every rank" + (
+                           " unless it was made with sync_on_compute=False"
+                           if method == "compute" else ""))
     if library == "accelerate":
         if method in ACCELERATOR_COLLECTIVES:
             return Verdict("collective", f"accelerator.{method}")

@@ -76,6 +76,7 @@ class Branch:
     # parameter's, where callers pass such values), as ``ast.dump`` writes them: turns.py pairs
     # such conditions on the rest
     uniform_terms: tuple[str, ...] = ()
+    guard_params: frozenset[str] = frozenset()  # the parameters those terms depend on
 
 
 @dataclass(eq=False)
@@ -141,14 +142,16 @@ class Builder:
         self.scope = scope
         if isinstance(node, ast.If):
             rank, params = self.depends(node.test)
-            test, uniform = node.test, ()
+            test, uniform, guard_params = node.test, (), frozenset()
             if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-                uniform = tuple(ast.dump(t) for t in test.values
-                                if not self.scope.facts(t).rank)  # fmt: skip
+                guard = [t for t in test.values if not self.scope.facts(t).rank]
+                uniform = tuple(ast.dump(t) for t in guard)
+                guard_params = frozenset().union(*(self.scope.facts(t).params for t in guard))
             return [*self.expr(node.test), Branch(node, shown(node.test), rank,
                                                   self.block(node.body, in_try),
                                                   self.block(node.orelse, in_try), params,
-                                                  _membership(node.test), uniform)]  # fmt: skip
+                                                  _membership(node.test), uniform,
+                                                  guard_params)]  # fmt: skip
         if isinstance(node, ast.For | ast.AsyncFor):  # its trip count: the iterable's length
             rank, params = self.depends(node.iter, length=True)
             return [*self.expr(node.iter), Loop(node, shown(node.iter), rank,
@@ -250,7 +253,9 @@ class Builder:
         targets, guess = scope.targets(node)
         method = func.attr if isinstance(func, ast.Attribute) else None
         if method in TORCHMETRICS_COLLECTIVES and self._a_metric(func.value):
-            return self._verdict(node, method_call(method, "torchmetrics", {}))
+            made = scope.facts(func.value).library  # UNSYNCED_METRIC, or None
+            verdict = method_call(method, made or "torchmetrics", {})
+            return self._verdict(node, verdict) if verdict else None
         if guess and method:
             verdict = method_call(method, None, _keywords(node))
             if verdict is not None:

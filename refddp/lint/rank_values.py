@@ -265,8 +265,11 @@ class Evaluator:
         while isinstance(left, ast.Call) and len(left.args) == 1 and \
                 self.resolver.dotted(left.func) in ("builtins.int", "builtins.str"):  # fmt: skip
             left = left.args[0]
-        if _named_like_a_rank(left) and len(node.ops) == 1 and _says_whether_set(
-                node.ops[0], node.comparators[0]):  # fmt: skip
+        origin = self.facts(left).rank
+        # (a rank in a group, dist.get_rank(group), is -1 outside it: rank-dependent)
+        in_a_group = origin is not None and re.search(r"rank\((?!\))", origin.text)
+        if _named_like_a_rank(left) and not in_a_group and len(node.ops) == 1 and \
+                _says_whether_set(node.ops[0], node.comparators[0]):  # fmt: skip
             return True
         if not (isinstance(left, ast.Call | ast.Subscript) and all(map(_no_rank_takes,
                                                                        node.comparators))):

@@ -14,7 +14,7 @@ import ast
 from dataclasses import replace
 
 from refddp.lint.calls import Function, Package
-from refddp.lint.collectives import COLLECTIVE_LIBRARIES, DDP, FSDP1, FULLY_SHARD
+from refddp.lint.collectives import COLLECTIVE_LIBRARIES, DDP, FSDP1, FULLY_SHARD, UNSYNCED_METRIC
 from refddp.lint.rank_values import NOTHING, Evaluator, Facts, Resolver
 
 
@@ -121,8 +121,9 @@ class Scope(Resolver):
         if dotted is not None:
             if dotted in package.functions:
                 return self.returned([dotted], call)
-            if dotted in package.classes:
-                return Facts(classes=frozenset({dotted}))
+            if dotted in package.classes:  # (the project's own metric, made unsynced)
+                return Facts(classes=frozenset({dotted}),
+                             library=UNSYNCED_METRIC if _unsynced(call) else None)
             if dotted in DDP:
                 return Facts(wrapped="DDP")
             if dotted in FSDP1 or dotted in FULLY_SHARD:
@@ -132,9 +133,8 @@ class Scope(Resolver):
             if dotted == "builtins.super" and self.function.cls:
                 return Facts(classes=frozenset(package.bases(self.function.cls)))
             library = library_of(dotted)
-            if library == "torchmetrics" and any(k.arg == "sync_on_compute" and isinstance(
-                    k.value, ast.Constant) and k.value.value is False for k in call.keywords):
-                return Facts(library="library")  # a metric that never gathers: a plain object
+            if library == "torchmetrics" and _unsynced(call):
+                return Facts(library=UNSYNCED_METRIC)  # its compute() gathers nothing
             return Facts(library=library)
         if callee.functions:
             return self.returned(sorted(callee.functions), call)
@@ -204,3 +204,9 @@ class Scope(Resolver):
             if keyword.arg in function.params:
                 bound[keyword.arg] = keyword.value
         return bound
+
+
+def _unsynced(call: ast.Call) -> bool:
+    """``sync_on_compute=False`` written in the call that makes a torchmetrics metric."""
+    return any(k.arg == "sync_on_compute" and isinstance(k.value, ast.Constant)
+               and k.value.value is False for k in call.keywords)  # fmt: skip

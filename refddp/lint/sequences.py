@@ -155,7 +155,7 @@ class Sequences:
         if qualname in seen or qualname not in self.trees:
             return None
         seen.add(qualname)
-        for call in _calls(self.trees[qualname]):
+        for call in every_call(self.trees[qualname]):
             if call.kind == "maybe":
                 return call
             if call.kind == "package" and not call.guess:
@@ -166,16 +166,17 @@ class Sequences:
         return None
 
 
-def _calls(nodes: list):
+def every_call(nodes: list):
+    """The calls in ``nodes``, at any depth."""
     for node in nodes:
         if isinstance(node, Call):
             yield node
         elif isinstance(node, Branch):
-            yield from _calls(node.a + node.b)
+            yield from every_call(node.a + node.b)
         elif isinstance(node, Loop):
-            yield from _calls(node.body + node.orelse)
+            yield from every_call(node.body + node.orelse)
         elif isinstance(node, Try):
-            yield from _calls(node.body + node.orelse + node.final +
+            yield from every_call(node.body + node.orelse + node.final +
                               [n for h in node.handlers for n in h])  # fmt: skip
 
 

@@ -32,7 +32,8 @@ import ast
 from dataclasses import dataclass, replace
 
 from refddp.lint.ir import Branch, Call, Exit, Loop, Try, shown
-from refddp.lint.sequences import Sequences
+from refddp.lint.rank_values import HELPER, RANK_METHODS, RANK_NAMES
+from refddp.lint.sequences import Sequences, every_call
 
 LARGEST_RANK = 1 << 20  # a comparison against a larger number is not read as a rank test
 
@@ -117,9 +118,15 @@ class Turns:
 
     def __init__(self, seq: Sequences):
         self.seq = seq
+        self.rebound: list[tuple[str, int]] = []  # what the function being rewritten assigns
 
-    def trees(self, trees: dict[str, list]) -> dict[str, list]:
-        return {q: self.block(tree) for q, tree in trees.items()}
+    def trees(self, trees: dict[str, list], nodes: dict[str, ast.AST]) -> dict[str, list]:
+        """Each function's tree rewritten; ``nodes``: each function's ``ast`` node."""
+        out = {}
+        for qualname, tree in trees.items():
+            self.rebound = _stores(nodes[qualname])
+            out[qualname] = self.block(tree)
+        return out
 
     def block(self, nodes: list) -> list:
         # a ``try`` without ``except`` runs its parts in a row, as the rules read it: its
@@ -136,7 +143,7 @@ class Turns:
                 i += 1
                 continue
             # the first turn's collectives, on every rank; what ran between; not the second
-            out += self.unturned(nodes[i]) + nodes[i + 1 : j]
+            out += self.unturned(nodes[i]) + self.between(nodes[i], nodes[i + 1 : j])
             i = j + 1
         return out
 
@@ -160,7 +167,7 @@ class Turns:
         for j in range(i + 1, len(nodes)):
             second = self.turn(nodes[j])
             if second is not None and second[0] == guard and second[1].complements(test) and (
-                    second[2] == issued):  # fmt: skip
+                    second[2] == issued) and not self.rebinds(nodes[i], nodes[j]):  # fmt: skip
                 return j
             if not self.quiet(nodes[j]):
                 return None
@@ -178,11 +185,11 @@ class Turns:
         if not node.rank and not node.params:  # a uniform ``if`` around a turn
             inner = self.turn(node.a[0]) if len(node.a) == 1 and not node.b else None
             return ((ast.dump(test), *inner[0]), *inner[1:]) if inner else None
-        if not (node.a and _only_calls_that_communicate(node.a) and all(map(self.quiet, node.b))):
-            return None
+        if not (node.a and self.communicates_only(node.a) and not any(every_call(node.b))):
+            return None  # (an ``else`` with a call in it would be lost by the rewrite)
         terms = test.values if node.uniform_terms else [test]
         varying = [t for t in terms if ast.dump(t) not in node.uniform_terms]
-        found = rank_test(varying[0]) if len(varying) == 1 else None
+        found = rank_test(varying[0]) if len(varying) == 1 and _of_a_rank(varying[0]) else None
         atoms, _ = self.seq.atoms(node.a)
         issued = tuple((a.key, tuple(s.group for s in a.sites)) for a in atoms)
         if found is None or not any(a.collective for a in atoms):
@@ -196,13 +203,22 @@ class Turns:
         if not node.uniform_terms:
             return node.a
         guard = [t for t in node.node.test.values if ast.dump(t) in node.uniform_terms]
-        text = " and ".join(shown(t) for t in guard)
-        return [Branch(node.node, text, None, node.a, [])]
+        text = " and ".join(shown(t) for t in guard)  # (a parameter in it: checked at calls)
+        return [Branch(node.node, text, None, node.a, [], node.guard_params)]
+
+    def between(self, first, nodes: list) -> list:
+        """What ran between two paired turns. Some ranks run it before the collectives, the
+        others after them, so a call the lint cannot see into there (a callback, a parameter)
+        stays under the first turn's condition: a note, or a check at the callers (RDL104)."""
+        if not any(c.kind != "package" for c in every_call(nodes)):
+            return nodes
+        while not first.rank and not first.params:
+            first = first.a[0]  # the turn inside a uniform ``if``
+        return [Branch(first.node, first.text, first.rank, nodes, [], first.params)]
 
     def quiet(self, node) -> bool:
-        """``node`` issues no collective and cannot leave: what may run between two turns.
-        A call the lint cannot see into, or of a parameter, is taken as quiet, as it is
-        outside a rank-dependent branch."""
+        """``node`` issues no collective and cannot leave: what may run between two turns (a
+        call the lint cannot see into too: ``between`` keeps it under a condition)."""
         if isinstance(node, Exit):
             return False
         if isinstance(node, Call):
@@ -220,16 +236,56 @@ class Turns:
         return True
 
 
-def _only_calls_that_communicate(nodes: list) -> bool:
-    """Collectives and calls of the package's own functions, under uniform conditions at most
-    (``dist.barrier(device_ids=[r]) if use_ids else dist.barrier()``): a turn's body."""
-    for node in nodes:
-        if isinstance(node, Call):
-            if node.kind != "collective" and (node.kind != "package" or node.guess):
+    def communicates_only(self, nodes: list) -> bool:
+        """Collectives and calls of the package's own functions, under uniform conditions at
+        most (``dist.barrier(device_ids=[r]) if use_ids else dist.barrier()``), none on a
+        subgroup inside a helper (whose group the atoms do not tell): a turn's body."""
+        for node in nodes:
+            if isinstance(node, Call):
+                if node.kind != "collective" and (node.kind != "package" or node.guess or any(
+                        self.subgroups(t, set()) for t in node.targets)):  # fmt: skip
+                    return False
+            elif isinstance(node, Branch):
+                if node.rank or node.params or not self.communicates_only(node.a + node.b):
+                    return False
+            else:
                 return False
-        elif isinstance(node, Branch):
-            if node.rank or node.params or not _only_calls_that_communicate(node.a + node.b):
-                return False
-        else:
+        return True
+
+    def subgroups(self, qualname: str, seen: set) -> bool:
+        """The package function issues a collective on a subgroup, itself or in a callee."""
+        if qualname in seen or qualname not in self.seq.trees:
             return False
-    return True
+        seen.add(qualname)
+        return any(c.group or (c.kind == "package" and any(self.subgroups(t, seen)
+                                                           for t in c.targets))
+                   for c in every_call(self.seq.trees[qualname]))  # fmt: skip
+
+    def rebinds(self, first, second) -> bool:
+        """A name the turns' conditions read is assigned between them (``rank = ...``)."""
+        read = {n.id for t in (first, second) for n in ast.walk(t.node.test)
+                if isinstance(n, ast.Name)} | {n.attr for t in (first, second)
+                                               for n in ast.walk(t.node.test)
+                                               if isinstance(n, ast.Attribute)}  # fmt: skip
+        start, end = first.node.end_lineno, second.node.lineno
+        return any(start < line < end and name in read for name, line in self.rebound)
+
+
+def _stores(function: ast.AST) -> list[tuple[str, int]]:
+    """(name, line) of every name and attribute ``function`` assigns or deletes."""
+    return [(n.id, n.lineno) if isinstance(n, ast.Name) else (n.attr, n.lineno)
+            for n in ast.walk(function) if isinstance(n, ast.Name | ast.Attribute)
+            and isinstance(n.ctx, ast.Store | ast.Del)]  # fmt: skip
+
+
+def _of_a_rank(node: ast.expr) -> bool:
+    """A test the rank-number reading (ranks are >= 0) holds for: on a value named like a
+    rank (``rank``, ``args.local_rank``, ``dist.get_rank()``); a value computed from one
+    (``rank - 1``) may be negative. A truth test (``is_main``, ``not rank``) holds for any."""
+    if not isinstance(node, ast.Compare):
+        return True
+    left = node.left if not isinstance(node.left, ast.Constant) else node.comparators[0]
+    if isinstance(left, ast.Call):
+        left = left.func
+    name = left.id if isinstance(left, ast.Name) else getattr(left, "attr", "")
+    return name.lower() in RANK_NAMES or name in RANK_METHODS or bool(HELPER.match(name))

@@ -50,3 +50,10 @@ def own_metric_on_rank_zero(preds, target):
     agreement.update(preds, target)
     if dist.get_rank() == 0:
         print(agreement.compute())  # expect: RDL101
+
+
+def explicit_sync_of_an_unsynced_metric(preds, target):
+    total = torchmetrics.MeanMetric(sync_on_compute=False)
+    total.update(preds)
+    if dist.get_rank() == 0:
+        total.sync()  # expect: RDL101 (an explicit sync() gathers whatever the flag says)

@@ -31,3 +31,15 @@ def computed_from_a_rank(rank):
     previous = rank - 1
     if previous == -1:  # rank 0 alone: not a test of whether the job is distributed
         dist.barrier()  # expect: RDL101
+
+
+def in_a_group(group):
+    group_rank = dist.get_rank(group)  # -1 on the processes outside the group
+    if group_rank >= 0:
+        dist.barrier()  # expect: RDL101
+
+
+def in_a_group_by_another_name(group):
+    rank = dist.get_rank(group)
+    if rank >= 0:
+        dist.barrier()  # expect: RDL101

@@ -76,6 +76,63 @@ def other_groups(rank, group):
         dist.barrier()  # expect: RDL101
 
 
+def callback_in_the_else(fn):
+    if dist.get_rank() != 0:
+        dist.barrier()  # expect: RDL101
+    else:
+        fn()  # an else that calls something: no turn
+    if dist.get_rank() == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def callback_between(fn):
+    if dist.get_rank() != 0:
+        dist.barrier()
+    fn()  # rank 0 runs it before its barrier, the others after theirs
+    if dist.get_rank() == 0:
+        dist.barrier()
+
+
+def guard_on_a_parameter(flag):
+    if flag and dist.get_rank() != 0:
+        dist.barrier()  # expect: RDL101
+    prepare()
+    if flag and dist.get_rank() == 0:
+        dist.barrier()
+
+
+def rebound_between(rank):
+    if rank != 0:
+        dist.barrier()  # expect: RDL101
+    rank = (rank + 1) % dist.get_world_size()
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
+def computed_from_a_rank():
+    offset = dist.get_rank() - 1  # -1 on rank 0: it meets neither barrier
+    if offset > 0:
+        dist.barrier()  # expect: RDL101
+    prepare()
+    if offset == 0:
+        dist.barrier()  # expect: RDL101
+
+
+EVENS = dist.new_group([0, 2])
+
+
+def wait_for_the_evens():
+    dist.barrier(group=EVENS)
+
+
+def helper_on_a_subgroup(rank):
+    if rank != 0:
+        wait_for_the_evens()  # expect: RDL101
+    prepare()
+    if rank == 0:
+        dist.barrier()  # expect: RDL101
+
+
 def prepare():
     return [0]
 
@@ -90,3 +147,9 @@ def main(x):
     guarded_once(rank, dist.is_initialized())
     guard_on_the_rank(rank)
     other_groups(rank, dist.new_group([0, 1]))
+    callback_between(lambda: dist.all_reduce(x))  # expect: RDL104
+    callback_in_the_else(lambda: dist.all_reduce(x))  # expect: RDL104
+    guard_on_a_parameter(rank == 0)
+    rebound_between(rank)
+    computed_from_a_rank()
+    helper_on_a_subgroup(rank)

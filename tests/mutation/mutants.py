@@ -2219,7 +2219,8 @@ MUTANTS = (
     ),
     Mutant(
         "lint-torchmetrics-compute-unseen", "the static lint", "refddp/lint/collectives.py",
-        "    if library == \"torchmetrics\" and method in TORCHMETRICS_COLLECTIVES:", "    if False:",
+        '    if library in ("torchmetrics", UNSYNCED_METRIC) and method in TORCHMETRICS_COLLECTIVES:',
+        '    if False:',
         (lint_case("accelerate_and_lightning.py"),),
     ),
     Mutant(
@@ -2229,8 +2230,8 @@ MUTANTS = (
     ),
     Mutant(
         "lint-set-test-needs-the-environment", "the static lint", "refddp/lint/rank_values.py",
-        "        if _named_like_a_rank(left) and len(node.ops) == 1 and _says_whether_set(",
-        "        if False and len(node.ops) == 1 and _says_whether_set(",
+        '        if _named_like_a_rank(left) and not in_a_group and len(node.ops) == 1 and \\',
+        '        if False and not in_a_group and len(node.ops) == 1 and \\',
         (lint_case("launcher_variables_fixed.py"),),
     ),
     Mutant(
@@ -2247,8 +2248,8 @@ MUTANTS = (
     ),
     Mutant(
         "lint-turns-rank-term-taken-for-a-guard", "the static lint", "refddp/lint/ir.py",
-        "                                if not self.scope.facts(t).rank)  # fmt: skip",
-        "                                if ast.dump(t) != ast.dump(test.values[-1]))  # fmt: skip",
+        '                guard = [t for t in test.values if not self.scope.facts(t).rank]',
+        '                guard = [t for t in test.values if t is not test.values[-1]]',
         (lint_case("rank_zero_goes_first.py"),),
     ),
     Mutant(
@@ -2259,9 +2260,9 @@ MUTANTS = (
     ),
     Mutant(
         "lint-turns-helper-halves-refused", "the static lint", "refddp/lint/turns.py",
-        '            if node.kind != "collective" and (node.kind != "package" or node.guess):',
-        '            if node.kind != "collective":',
-        (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS,),
+        '                if node.kind != "collective" and (node.kind != "package" or node.guess or any(',
+        '                if node.kind != "collective" and (True or node.guess or any(',
+        (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),
     ),
     Mutant(
         "lint-turns-groups-ignored", "the static lint", "refddp/lint/turns.py",
@@ -2307,8 +2308,8 @@ MUTANTS = (
     ),
     Mutant(
         "lint-torchmetrics-unsynced-metric-flagged", "the static lint", "refddp/lint/scope.py",
-        '                return Facts(library="library")  # a metric that never gathers: a plain object',
-        "                return Facts(library=library)",
+        '                return Facts(library=UNSYNCED_METRIC)  # its compute() gathers nothing',
+        '                return Facts(library=library)  # its compute() gathers nothing',
         (lint_case("accelerate_and_lightning_fixed.py"),),
     ),
     Mutant(
@@ -2316,6 +2317,60 @@ MUTANTS = (
         "        if method in TORCHMETRICS_COLLECTIVES and self._a_metric(func.value):",
         "        if False:",
         (lint_case("accelerate_and_lightning.py"),),
+    ),
+    Mutant(
+        "lint-turns-else-with-a-call-paired", "the static lint", "refddp/lint/turns.py",
+        '        if not (node.a and self.communicates_only(node.a) and not any(every_call(node.b))):',
+        '        if not (node.a and self.communicates_only(node.a)):',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-turns-guard-parameter-dropped", "the static lint", "refddp/lint/turns.py",
+        '        return [Branch(node.node, text, None, node.a, [], node.guard_params)]',
+        '        return [Branch(node.node, text, None, node.a, [], frozenset())]',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-turns-unseen-calls-between-dropped", "the static lint", "refddp/lint/turns.py",
+        '        if not any(c.kind != "package" for c in every_call(nodes)):',
+        '        if True:',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-turns-rebinding-ignored", "the static lint", "refddp/lint/turns.py",
+        '                    second[2] == issued) and not self.rebinds(nodes[i], nodes[j]):  # fmt: skip',
+        '                    second[2] == issued):  # fmt: skip',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-turns-computed-values-read-as-ranks", "the static lint", "refddp/lint/turns.py",
+        '        found = rank_test(varying[0]) if len(varying) == 1 and _of_a_rank(varying[0]) else None',
+        '        found = rank_test(varying[0]) if len(varying) == 1 else None',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-turns-helper-subgroups-ignored", "the static lint", "refddp/lint/turns.py",
+        '                        self.subgroups(t, set()) for t in node.targets)):  # fmt: skip',
+        '                        False for t in node.targets)):  # fmt: skip',
+        (lint_case("rank_zero_goes_first.py"),),
+    ),
+    Mutant(
+        "lint-set-test-in-a-group", "the static lint", "refddp/lint/rank_values.py",
+        '        in_a_group = origin is not None and re.search(r"rank\\((?!\\))", origin.text)',
+        '        in_a_group = False',
+        (lint_case("launcher_variables.py"),),
+    ),
+    Mutant(
+        "lint-unsynced-metric-sync-unseen", "the static lint", "refddp/lint/collectives.py",
+        '    if library == UNSYNCED_METRIC and method == "compute":',
+        '    if library == UNSYNCED_METRIC:',
+        (lint_case("accelerate_and_lightning.py"),),
+    ),
+    Mutant(
+        "lint-unsynced-subclass-flagged", "the static lint", "refddp/lint/scope.py",
+        '                             library=UNSYNCED_METRIC if _unsynced(call) else None)',
+        '                             library=None)',
+        (lint_case("accelerate_and_lightning_fixed.py"),),
     ),
     Mutant(
         "lint-turns-never-paired", "the static lint", "refddp/lint/turns.py",
