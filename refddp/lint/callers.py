@@ -59,9 +59,9 @@ class CallerChecks:
                     self.report(call.node, "RDL201",
                                 f"cannot tell whether {call.text} issues a collective: "
                                 f"{param} is a parameter of {name}() and no call of it in the "
-                                f"analysed files says what it is; it runs only where "
-                                f"{ctx.where} ({since(ctx.origin)}): the harness's run-time "
-                                "check covers it")  # fmt: skip
+                                f"analysed files says what it is; {ctx.runs()} "
+                                f"({since(ctx.origin)}): the harness's run-time check covers "
+                                "it")  # fmt: skip
 
     def _passed_values(self, call: Call) -> None:
         for target in call.targets:
@@ -92,7 +92,8 @@ class CallerChecks:
                 if arg is None or isinstance(arg, ast.Constant):
                     continue
                 helper = f"{shown(call.node.func, 40)}()"
-                where = f"only where `{ctx.text}` ({self.paths[target]}:{inner.node.lineno})"
+                where = ctx.runs("") if ctx.turns else f"only where `{ctx.text}`"
+                where = f"{where.strip()} ({self.paths[target]}:{inner.node.lineno})"
                 if isinstance(arg, ast.Name) and arg.id in call.scope.function.params:
                     self.obligations.setdefault(self.qualname, {}).setdefault(arg.id, (ctx, inner))
                     continue
@@ -101,7 +102,9 @@ class CallerChecks:
                 if issued:
                     self.report(arg, "RDL104",
                                 f"{shown(arg, 50)} issues {issued[0]}, and {helper} calls it "
-                                f"{where}: the other ranks never join it")  # fmt: skip
+                                f"{where}: " + ("the ranks meet other collectives there"
+                                                if ctx.turns else "the other ranks never join "
+                                                "it"))  # fmt: skip
                 elif not functions:
                     self.report(arg, "RDL201",
                                 f"cannot tell whether {shown(arg, 50)} issues a collective: "

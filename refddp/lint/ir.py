@@ -77,6 +77,7 @@ class Branch:
     # such conditions on the rest
     uniform_terms: tuple[str, ...] = ()
     guard_params: frozenset[str] = frozenset()  # the parameters those terms depend on
+    turns: tuple[int, int] | None = None  # what runs between two paired turns: their lines
 
 
 @dataclass(eq=False)

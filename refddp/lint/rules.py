@@ -38,11 +38,22 @@ class Context:
     text: str
     origin: Origin
     negated: bool = False  # in the branch taken where the condition is false
+    turns: tuple[int, int] | None = None  # between two paired turns (turns.py): their lines
 
     @property
     def where(self) -> str:
         """Where the node runs, as a note says it: "`rank == 0`", "`rank == 0` is false"."""
         return f"`{self.text}`" + (" is false" if self.negated else "")
+
+    def runs(self, subject: str = "it runs") -> str:
+        """Where a call in this context runs, as a note says it: between two turns it runs
+        on every rank, before the collectives on some and after them on the others."""
+        if self.turns:
+            first, second = self.turns
+            return (f"{subject} between the two turns of a \"rank 0 goes first\", before the "
+                    f"collectives of line {first} where `{self.text}` and after those of line "
+                    f"{second} on the other ranks")
+        return f"{subject} only where {self.where}"
 
 
 class Rules(CallerChecks):
@@ -100,7 +111,7 @@ class Rules(CallerChecks):
             if isinstance(node, Call):
                 self.call(node, ctx)
             elif isinstance(node, Branch):
-                inner = Context(node.text, node.rank) if node.rank else ctx
+                inner = Context(node.text, node.rank, turns=node.turns) if node.rank else ctx
                 self.check(node, lambda why, n=node, h=here: self.branch(n, h, why))
                 self.walk(node.a, here, inner)
                 negated = Context(node.text, node.rank, negated=True) if node.rank else ctx
@@ -147,9 +158,8 @@ class Rules(CallerChecks):
             why = (f"it is a method of an object the lint cannot tell the class of, and some "
                    f"methods named {call.name.rpartition('.')[2]}() issue collectives")
         self.report(call.node, "RDL201",
-                    f"cannot tell whether {call.text} issues a collective: {why}; it runs only "
-                    f"where {ctx.where} ({since(ctx.origin)}): the harness's run-time check "
-                    "covers it")  # fmt: skip
+                    f"cannot tell whether {call.text} issues a collective: {why}; {ctx.runs()} "
+                    f"({since(ctx.origin)}): the harness's run-time check covers it")  # fmt: skip
 
     def _owner(self, call: Call) -> str:
         return call.scope.function.qualname

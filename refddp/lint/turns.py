@@ -143,7 +143,7 @@ class Turns:
                 i += 1
                 continue
             # the first turn's collectives, on every rank; what ran between; not the second
-            out += self.unturned(nodes[i]) + self.between(nodes[i], nodes[i + 1 : j])
+            out += self.unturned(nodes[i]) + self.between(nodes[i], nodes[i + 1 : j], nodes[j])
             i = j + 1
         return out
 
@@ -206,7 +206,7 @@ class Turns:
         text = " and ".join(shown(t) for t in guard)  # (a parameter in it: checked at calls)
         return [Branch(node.node, text, None, node.a, [], node.guard_params)]
 
-    def between(self, first, nodes: list) -> list:
+    def between(self, first, nodes: list, second) -> list:
         """What ran between two paired turns. Some ranks run it before the collectives, the
         others after them, so a call the lint cannot see into there (a callback, a parameter)
         stays under the first turn's condition: a note, or a check at the callers (RDL104)."""
@@ -214,7 +214,9 @@ class Turns:
             return nodes
         while not first.rank and not first.params:
             first = first.a[0]  # the turn inside a uniform ``if``
-        return [Branch(first.node, first.text, first.rank, nodes, [], first.params)]
+        lines = (first.node.lineno, second.node.lineno)
+        return [Branch(first.node, first.text, first.rank, nodes, [], first.params,
+                       turns=lines)]
 
     def quiet(self, node) -> bool:
         """``node`` issues no collective and cannot leave: what may run between two turns (a

@@ -162,3 +162,18 @@ def test_a_note_after_an_early_return_says_where_the_rest_runs():
               "    if dist.get_rank() != 0:\n        return\n    callback()\n")  # fmt: skip
     (note,) = lint_source(source)
     assert "it runs only where `dist.get_rank() != 0` is false (" in note.message, note
+
+
+def test_a_call_between_two_turns_is_said_to_run_on_every_rank_at_two_places():
+    from refddp.lint import lint_source
+
+    # "Rank 0 goes first" with a callback between the two turns: it runs on every rank, before
+    # the barrier on some and after it on the others, not "only where" a condition holds.
+    source = ("import torch.distributed as dist\n\ndef first(fn):\n"
+              "    if dist.get_rank() != 0:\n        dist.barrier()\n    fn()\n"
+              "    if dist.get_rank() == 0:\n        dist.barrier()\n")  # fmt: skip
+    (note,) = lint_source(source)
+    assert note.code == "RDL201" and note.line == 6, note
+    assert ('it runs between the two turns of a "rank 0 goes first", before the collectives '
+            "of line 4 where `dist.get_rank() != 0` and after those of line 7 on the other "
+            "ranks (") in note.message, note  # fmt: skip

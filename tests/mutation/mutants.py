@@ -2373,6 +2373,12 @@ MUTANTS = (
         (lint_case("accelerate_and_lightning_fixed.py"),),
     ),
     Mutant(
+        "lint-call-between-turns-said-to-run-where-a-condition-holds", "the static lint",
+        LINT_RULES, "        if self.turns:\n            first, second = self.turns",
+        "        if False:\n            first, second = self.turns",
+        (f"{T_LINT_CMD}::test_a_call_between_two_turns_is_said_to_run_on_every_rank_at_two_places",),
+    ),
+    Mutant(
         "lint-turns-never-paired", "the static lint", "refddp/lint/turns.py",
         "            j = self.partner(nodes, i)", "            j = None",
         (lint_case("rank_zero_goes_first_fixed.py"), T_LINT_TURNS),
