@@ -13,13 +13,25 @@ sides without solving conditions, so they would see two barriers that each only 
 reach. YOLOv5's ``torch_distributed_zero_first``, Accelerate's ``main_process_first`` and many
 training scripts are written this way.
 
-This pass runs before the rules. It finds such pairs in one block of code and puts the first
-branch's collectives in its place, outside any condition, and drops the second branch. That
-is what each rank issues, provided that the code between the two issues no collective and
-cannot leave the block. Two conditions are complementary when they test the same expression
-(``rank``, ``dist.get_rank()``, ``is_main``) and hold on complementary sets of ranks, rank
-numbers being taken as ≥ 0 (``local_rank not in [-1, 0]`` against ``local_rank == 0``,
-``rank > 0`` against ``rank == 0``, ``not is_main`` against ``is_main``).
+This pass runs before the rules. It pairs two ``if``s of one block (a ``try`` without
+``except`` counts as one block with its ``finally``) when:
+
+- they test one expression with complementary conditions, rank numbers being taken as ≥ 0
+  (``local_rank not in [-1, 0]`` against ``local_rank == 0``, ``rank > 0`` against ``rank ==
+  0``, ``not is_main`` against ``is_main``); a comparison with a number only on a value named
+  like a rank, since one computed from it (``rank - 1``) may be negative;
+- they sit behind the same guard that is not rank-dependent (``initialized and ...``, an ``if
+  world_size > 1:`` around each);
+- each issues the same collectives (directly, or through the project's helpers that use the
+  world's group only) and nothing else that matters, with no ``else`` that calls anything;
+- the code between them issues no collective, cannot leave the block and assigns none of the
+  names the conditions read.
+
+The first turn's collectives then take its place, under its guard only, and the second turn
+is dropped: that is what each rank issues. What ran between runs on every rank, before the
+collectives on some and after them on the others, so a call there the lint cannot see into (a
+callback) stays under the first condition: a note, and RDL104 at a caller that passes a
+function that communicates.
 
 In a context manager the body of the caller's ``with`` runs between the two branches, at the
 ``yield``. The lint does not see that, so it does not check the ``with`` body's collectives
@@ -175,9 +187,9 @@ class Turns:
 
     def turn(self, node) -> tuple[tuple[str, ...], Test, tuple] | None:
         """What makes ``node`` a turn: an ``if`` on the rank (or a parameter) whose body issues
-        collectives and does nothing else that matters, whose ``else`` (if any) is quiet; the
-        conditions every rank evaluates alike around it (its guard), its test on the rank and
-        what it issues. ``if world > 1:`` around a turn, or ``initialized and ...`` in its
+        collectives and does nothing else that matters, whose ``else`` (if any) calls nothing;
+        the conditions every rank evaluates alike around it (its guard), its test on the rank
+        and what it issues. ``if world > 1:`` around a turn, or ``initialized and ...`` in its
         condition, is its guard."""
         if not (isinstance(node, Branch) and isinstance(node.node, ast.If)):
             return None
@@ -236,7 +248,6 @@ class Turns:
             return all(map(self.quiet, node.body + node.orelse + node.final +
                            [n for h in node.handlers for n in h]))  # fmt: skip
         return True
-
 
     def communicates_only(self, nodes: list) -> bool:
         """Collectives and calls of the package's own functions, under uniform conditions at
