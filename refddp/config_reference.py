@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from refddp.config.schema import FIELDS, INVOCATION
+from refddp.config.validation import bounds_text
 
 HEADER = """# Configuration reference
 
@@ -31,13 +32,8 @@ def _valid(f: dataclasses.Field) -> str:
         parts.append(" / ".join(f"`{c}`" for c in policy["choices"]))
     if policy["items"]:
         parts.append("a comma-separated list of " + ", ".join(f"`{i}`" for i in policy["items"]))
-    low, above, below = policy["at_least"], policy["above"], policy["below"]
-    if below is not None:
-        parts.append(f"[{low}, {below})" if above is None else f"({above}, {below})")
-    elif low is not None:
-        parts.append(f">= {low}")
-    if above is not None and below is None:
-        parts.append(f"> {above}")
+    if bounds_text(policy):
+        parts.append(bounds_text(policy))
     if policy["imports"]:
         parts.append("may name `package.module:callable`")
     if policy["joined"]:

@@ -195,18 +195,25 @@ def validate(c: TrainConfig) -> None:
 
 
 def _check_bounds(name: str, value: Any, policy: dict[str, Any]) -> None:
-    """The field's declared bounds, one line naming it (``not >=``, ``not >``: NaN fails too)."""
+    """The field's declared bounds, one line naming it (``>=``, ``>``, ``<``: NaN fails too)."""
     low, above, below = policy["at_least"], policy["above"], policy["below"]
-    if below is not None and low is not None and not (low <= value < below):
-        raise ConfigError(f"{name}: must be in [{low}, {below}), got {value}")
-    if below is not None and above is not None and not (above < value < below):
-        raise ConfigError(f"{name}: must be in ({above}, {below}), got {value}")
-    if below is not None and low is None and above is None and not value < below:
-        raise ConfigError(f"{name}: must be < {below}, got {value}")
-    if low is not None and not value >= low:
-        raise ConfigError(f"{name}: must be >= {low}, got {value}")
-    if above is not None and not value > above:
-        raise ConfigError(f"{name}: must be > {above}{policy['unit']}, got {value}")
+    if not ((low is None or value >= low) and (above is None or value > above)
+            and (below is None or value < below)):  # fmt: skip
+        text = bounds_text(policy, policy["unit"])
+        raise ConfigError(f"{name}: must be {'in ' if text[0] in '[(' else ''}{text}, "
+                          f"got {value}")
+
+
+def bounds_text(policy: dict[str, Any], unit: str = "") -> str:
+    """A field's declared bounds as its error and docs/configuration.md write them: ``[0,
+    1)``, ``(0, 65536)``, ``< 65536``, ``>= 1``, ``> 0`` (``unit`` after a lower bound it
+    may not reach); empty where it declares none."""
+    low, above, below = policy["at_least"], policy["above"], policy["below"]
+    if below is not None and above is not None:
+        return f"({above}, {below})"
+    if below is not None:
+        return f"[{low}, {below})" if low is not None else f"< {below}"
+    return "; ".join([f">= {low}"] * (low is not None) + [f"> {above}{unit}"] * (above is not None))
 
 
 def has_fused_kernel(c: TrainConfig) -> bool:

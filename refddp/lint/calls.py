@@ -146,13 +146,13 @@ class Package:
         dotted = self._dotted(function.module, fn)
         target = self.canonical(dotted) if dotted else None
         return (target, 0) if target in self.functions else None
+
     def _dotted(self, module: Module, node: ast.expr) -> str | None:
         """A module-level dotted name's target (``mp.spawn``: torch.multiprocessing.spawn)."""
         if isinstance(node, ast.Attribute):
             head = self._dotted(module, node.value)
             return f"{head}.{node.attr}" if head else None
         return self.module_level(module, node.id) if isinstance(node, ast.Name) else None
-
 
     def _index_body(self, module: Module, node: FunctionNode, qualname: str,
                     cls: str | None, parent: Function | None) -> Function:  # fmt: skip
@@ -241,17 +241,20 @@ class Package:
     def in_package(self, dotted: str | None) -> bool:
         return dotted is not None and (dotted in self.functions or dotted in self.classes)
 
-    def bases(self, cls: str) -> list[str]:
-        """The package classes ``cls`` derives from directly."""
+    def _resolved_bases(self, cls: str) -> list[str]:
+        """What each base of ``cls`` names, as a dotted name: a package class or a library's
+        (``torchmetrics.Metric``); bases the lint cannot resolve are left out."""
         klass, found = self.classes[cls], []
         for base in klass.bases:
             head = base.partition(".")[0]
             resolved = self.module_level(klass.module, head)
             if resolved:
-                qualname = self.canonical(resolved + base[len(head):])
-                if qualname in self.classes:
-                    found.append(qualname)
+                found.append(self.canonical(resolved + base[len(head):]))
         return found
+
+    def bases(self, cls: str) -> list[str]:
+        """The package classes ``cls`` derives from directly."""
+        return [b for b in self._resolved_bases(cls) if b in self.classes]
 
     def library_bases(self, cls: str) -> set[str]:
         """The bases of ``cls`` and of its package bases that are not the package's, as
@@ -263,13 +266,8 @@ class Package:
             if current in seen or current not in self.classes:
                 continue
             seen.add(current)
-            klass = self.classes[current]
-            for base in klass.bases:
-                head = base.partition(".")[0]
-                resolved = self.module_level(klass.module, head)
-                if resolved:
-                    dotted = self.canonical(resolved + base[len(head):])
-                    (todo.append if dotted in self.classes else found.add)(dotted)
+            for dotted in self._resolved_bases(current):
+                (todo.append if dotted in self.classes else found.add)(dotted)
         return found
 
     def methods_named(self, classes: frozenset[str] | set[str], name: str) -> list[str]:

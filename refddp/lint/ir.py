@@ -30,7 +30,7 @@ from refddp.lint.collectives import (
     method_call,
 )
 from refddp.lint.dataflow import Flow
-from refddp.lint.rank_values import NOTHING, Origin
+from refddp.lint.rank_values import NOTHING, Facts, Origin
 from refddp.lint.scope import Scope
 
 # Decorators that run a function on the main process only (Lightning, Accelerate, others).
@@ -253,9 +253,9 @@ class Builder:
             return Call(node, "param", func.id, scope)  # checked where it is passed (rules.py)
         targets, guess = scope.targets(node)
         method = func.attr if isinstance(func, ast.Attribute) else None
-        if method in TORCHMETRICS_COLLECTIVES and self._a_metric(func.value):
-            made = scope.facts(func.value).library  # UNSYNCED_METRIC, or None
-            verdict = method_call(method, made or "torchmetrics", {})
+        metric = scope.facts(func.value) if method in TORCHMETRICS_COLLECTIVES else None
+        if metric is not None and self._a_metric(metric):  # made unsynced, or as by default
+            verdict = method_call(method, metric.library or "torchmetrics", {})
             return self._verdict(node, verdict) if verdict else None
         if guess and method:
             verdict = method_call(method, None, _keywords(node))
@@ -296,11 +296,11 @@ class Builder:
         return Call(node, "unknown", f"{shown(func, 40)}()", scope,
                     why=f"the lint cannot tell what {shown(func.value, 40)} is")
 
-    def _a_metric(self, receiver: ast.expr) -> bool:
+    def _a_metric(self, receiver: Facts) -> bool:
         """An instance of the package's own subclass of a torchmetrics metric: its compute()
         gathers the states as the library's own metrics' does."""
         package = self.flow.package
-        return any(b.startswith("torchmetrics.") for c in self.scope.facts(receiver).classes
+        return any(b.startswith("torchmetrics.") for c in receiver.classes
                    for b in package.library_bases(c))  # fmt: skip
 
     def _verdict(self, node: ast.Call, verdict: Verdict) -> Call | Exit | None:

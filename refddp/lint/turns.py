@@ -130,13 +130,14 @@ class Turns:
 
     def __init__(self, seq: Sequences):
         self.seq = seq
-        self.rebound: list[tuple[str, int]] = []  # what the function being rewritten assigns
+        self.function: ast.AST | None = None  # the function being rewritten
+        self._stores: list[tuple[str, int]] | None = None  # what it assigns, once asked
 
     def trees(self, trees: dict[str, list], nodes: dict[str, ast.AST]) -> dict[str, list]:
         """Each function's tree rewritten; ``nodes``: each function's ``ast`` node."""
         out = {}
         for qualname, tree in trees.items():
-            self.rebound = _stores(nodes[qualname])
+            self.function, self._stores = nodes[qualname], None
             out[qualname] = self.block(tree)
         return out
 
@@ -280,8 +281,10 @@ class Turns:
                 if isinstance(n, ast.Name)} | {n.attr for t in (first, second)
                                                for n in ast.walk(t.node.test)
                                                if isinstance(n, ast.Attribute)}  # fmt: skip
+        if self._stores is None:  # (read only where two turns would pair: rare)
+            self._stores = _stores(self.function)
         start, end = first.node.end_lineno, second.node.lineno
-        return any(start < line < end and name in read for name, line in self.rebound)
+        return any(start < line < end and name in read for name, line in self._stores)
 
 
 def _stores(function: ast.AST) -> list[tuple[str, int]]:

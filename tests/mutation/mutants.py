@@ -2314,7 +2314,7 @@ MUTANTS = (
     ),
     Mutant(
         "lint-torchmetrics-subclass-unseen", "the static lint", "refddp/lint/ir.py",
-        "        if method in TORCHMETRICS_COLLECTIVES and self._a_metric(func.value):",
+        '        if metric is not None and self._a_metric(metric):  # made unsynced, or as by default',
         "        if False:",
         (lint_case("accelerate_and_lightning.py"),),
     ),
